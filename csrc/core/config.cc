@@ -1,0 +1,155 @@
+#include "core/config.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace gpucoll {
+
+const std::vector<ConfigVar>& config_vars() {
+  static const std::vector<ConfigVar> vars = {
+      {"GPUCOLL_LOG_LEVEL", VarType::kString, "WARN",
+       "Log level: ERROR, WARN, INFO, DEBUG or TRACE. Lines go to stderr, prefixed with the rank."},
+      {"GPUCOLL_NCCL_LIBRARY", VarType::kString, "",
+       "Path of libnccl.so.2 to load; when empty gpucoll tries a copy already loaded in the process, an "
+       "installed nvidia-nccl-cu13/-cu12 wheel, then the system loader."},
+      {"GPUCOLL_BACKEND", VarType::kString, "",
+       "Backend when gpucoll.init(backend='auto'): host, nccl or custom. Empty: GPU backends when a GPU is "
+       "usable, else host."},
+      {"GPUCOLL_ALGO", VarType::kString, "",
+       "Algorithm overrides per collective, e.g. 'allreduce:ring,broadcast:tree'. An explicit algo= argument "
+       "wins over this."},
+      {"GPUCOLL_LOCAL_SIZE", VarType::kInt, "0",
+       "Ranks per (virtual) node for hierarchical algorithms; 0 means all ranks of the host form one node."},
+      {"GPUCOLL_DEBUG_CHECKS", VarType::kBool, "0",
+       "Ranks compare (collective, dtype, count, root, op) before each operation and raise the same error on "
+       "every rank on a mismatch."},
+      {"GPUCOLL_HOST_BUFFER_BYTES", VarType::kBytes, "16M",
+       "Shared-memory staging buffer per rank of the host backend; larger messages are processed in pieces of "
+       "this size."},
+      {"GPUCOLL_HOST_SEGMENT_BYTES", VarType::kBytes, "256K",
+       "Pipelining unit of the host backend's schedules: each piece is split into segments of about this "
+       "size so that peers overlap on successive segments and data stays in cache."},
+      {"GPUCOLL_HOST_SPIN_US", VarType::kInt, "50",
+       "How long a waiting host rank spins before it sleeps on a futex. Ranks may outnumber cores, and a "
+       "spinning rank would steal the core the awaited rank needs."},
+      {"GPUCOLL_CUDA", VarType::kString, "auto",
+       "Build time (read by setup.py): auto builds the CUDA sources when nvcc is found; on requires nvcc; "
+       "off builds host-only."},
+      {"GPUCOLL_CUDA_ARCHS", VarType::kString, "",
+       "Build time (read by setup.py): CUDA architectures, e.g. '80;90'. Empty: the local GPU's, else 80;90."},
+  };
+  return vars;
+}
+
+const char* var_type_name(VarType t) {
+  switch (t) {
+    case VarType::kBool:
+      return "bool";
+    case VarType::kInt:
+      return "int";
+    case VarType::kBytes:
+      return "bytes";
+    case VarType::kFloat:
+      return "float";
+    case VarType::kString:
+      return "string";
+  }
+  return "?";
+}
+
+static const ConfigVar& find_var(const std::string& name) {
+  for (const ConfigVar& v : config_vars()) {
+    if (name == v.name) return v;
+  }
+  GPUCOLL_THROW(ErrorCode::kInvalidArgument, "config", "unknown configuration variable '", name,
+                "'; known ones are listed by `python -m gpucoll info`");
+}
+
+bool config_is_set(const std::string& name) {
+  find_var(name);
+  const char* env = std::getenv(name.c_str());
+  return env != nullptr && env[0] != '\0';
+}
+
+std::string config_raw(const std::string& name) {
+  const ConfigVar& var = find_var(name);
+  const char* env = std::getenv(name.c_str());
+  if (env != nullptr && env[0] != '\0') return env;
+  return var.default_value;
+}
+
+static std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool config_bool(const std::string& name) {
+  const std::string v = lower(config_raw(name));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off" || v.empty()) return false;
+  GPUCOLL_THROW(ErrorCode::kInvalidArgument, "config", name, "='", v, "' is not a boolean (expected 0/1/true/false)");
+}
+
+int64_t config_int(const std::string& name) {
+  const std::string v = config_raw(name);
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (errno != 0 || end == v.c_str() || *end != '\0') {
+    GPUCOLL_THROW(ErrorCode::kInvalidArgument, "config", name, "='", v, "' is not an integer");
+  }
+  return x;
+}
+
+bool parse_bytes(const std::string& text, int64_t* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || x < 0) return false;
+  std::string suffix = lower(end);
+  if (!suffix.empty() && suffix.back() == 'b') suffix.pop_back();
+  if (suffix.size() == 2 && suffix[1] == 'i') suffix.pop_back();
+  double mult = 1;
+  if (suffix.empty()) {
+    mult = 1;
+  } else if (suffix == "k") {
+    mult = 1024.0;
+  } else if (suffix == "m") {
+    mult = 1024.0 * 1024;
+  } else if (suffix == "g") {
+    mult = 1024.0 * 1024 * 1024;
+  } else if (suffix == "t") {
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return false;
+  }
+  *out = static_cast<int64_t>(x * mult);
+  return true;
+}
+
+int64_t config_bytes(const std::string& name) {
+  const std::string v = config_raw(name);
+  int64_t x = 0;
+  if (!parse_bytes(v, &x)) {
+    GPUCOLL_THROW(ErrorCode::kInvalidArgument, "config", name, "='", v,
+                  "' is not a size (expected e.g. 4096, 64K, 16M, 1G)");
+  }
+  return x;
+}
+
+double config_float(const std::string& name) {
+  const std::string v = config_raw(name);
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0') {
+    GPUCOLL_THROW(ErrorCode::kInvalidArgument, "config", name, "='", v, "' is not a number");
+  }
+  return x;
+}
+
+}  // namespace gpucoll

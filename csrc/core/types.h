@@ -1,0 +1,69 @@
+// Element types and reduction operators understood by every backend.
+//
+// The numeric values of DType and RedOp are part of the Python binding (gpucoll._C.DType) and of the
+// schedule data the CUDA kernels read, so new entries go at the end.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/macros.h"
+
+namespace gpucoll {
+
+enum class DType : int32_t {
+  kF16 = 0,
+  kBF16 = 1,
+  kF32 = 2,
+  kF64 = 3,
+  kI8 = 4,
+  kU8 = 5,
+  kI32 = 6,
+  kI64 = 7,
+};
+constexpr int kNumDTypes = 8;
+
+enum class RedOp : int32_t {
+  kSum = 0,
+  kProd = 1,
+  kMin = 2,
+  kMax = 3,
+  // NCCL's ncclAvg: floating types divide the sum by the world size; integer types sum, then divide with
+  // truncation toward zero. Backends reduce with kSum and divide once at the end (see finish_avg), so every
+  // rank divides identical sums and gets identical bits.
+  kAvg = 4,
+};
+constexpr int kNumRedOps = 5;
+
+GPUCOLL_HD constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kI8:
+    case DType::kU8:
+      return 1;
+  }
+  return 0;
+}
+
+GPUCOLL_HD constexpr bool dtype_is_floating(DType t) {
+  return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32 || t == DType::kF64;
+}
+
+// Short names used in the Python API, the benchmark table (nccl-tests spells them "half", "bfloat16",
+// "float", "double", "int8", "uint8", "int32", "int64") and error messages.
+const char* dtype_name(DType t);
+const char* dtype_nccl_name(DType t);
+const char* redop_name(RedOp op);
+// Parse a name ("float32", "f32", "float", "bf16", ...). Returns false when unknown.
+bool parse_dtype(const char* name, DType* out);
+bool parse_redop(const char* name, RedOp* out);
+
+}  // namespace gpucoll

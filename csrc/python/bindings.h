@@ -1,0 +1,20 @@
+// The pybind11 side of gpucoll._C. This directory is the only place that includes pybind11; each file
+// binds one part of the core and module.cc calls them in order.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace gpucoll::python {
+
+// errors.cc: translates gpucoll::Error into gpucoll.errors classes (once, for every binding).
+void bind_errors(pybind11::module_& m);
+// core.cc: dtypes, ops, config registry, logging.
+void bind_core(pybind11::module_& m);
+// host.cc: the shared-memory host communicator.
+void bind_host(pybind11::module_& m);
+// algo.cc: schedules, registry, checker, cost model.
+void bind_algo(pybind11::module_& m);
+// runtime.cc: build info, CUDA runtime/driver probe, NCCL loader state, CUDA primitives.
+void bind_runtime(pybind11::module_& m);
+
+}  // namespace gpucoll::python

@@ -1,0 +1,9 @@
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace gpucoll::python {
+
+void bind_host(py::module_&) {}
+
+}  // namespace gpucoll::python

@@ -1,0 +1,10 @@
+#include "python/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gpucoll native core (private; use the gpucoll package)";
+  gpucoll::python::bind_errors(m);
+  gpucoll::python::bind_core(m);
+  gpucoll::python::bind_host(m);
+  gpucoll::python::bind_algo(m);
+  gpucoll::python::bind_runtime(m);
+}

@@ -1,0 +1,49 @@
+"""gpucoll: GPU-native collective communication for Python.
+
+Importing gpucoll loads only its own native core (gpucoll._C) and NumPy; torch and CuPy are imported when a
+call needs them.
+"""
+
+from gpucoll._version import __version__
+from gpucoll import errors
+from gpucoll.errors import (
+    CollectiveTimeout,
+    CudaError,
+    GpucollError,
+    InternalError,
+    InvalidArgument,
+    InvalidUsage,
+    NcclError,
+    RemoteError,
+    Unsupported,
+)
+
+__all__ = [
+    "__version__",
+    "init",
+    "spawn",
+    "Communicator",
+    "errors",
+    "GpucollError",
+    "InvalidArgument",
+    "Unsupported",
+    "InvalidUsage",
+    "CollectiveTimeout",
+    "RemoteError",
+    "NcclError",
+    "CudaError",
+    "InternalError",
+]
+
+
+def __getattr__(name):
+    # Lazy so that `import gpucoll` stays cheap and never drags in torch/CuPy.
+    if name in ("init", "Communicator"):
+        from gpucoll import communicator
+
+        return getattr(communicator, name)
+    if name == "spawn":
+        from gpucoll.spawn import spawn
+
+        return spawn
+    raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")

@@ -1,0 +1,33 @@
+"""Python-side logging through the core's logger: same GPUCOLL_LOG_LEVEL, same "[gpucoll RANK]" prefix."""
+
+from __future__ import annotations
+
+ERROR, WARN, INFO, DEBUG, TRACE = 0, 1, 2, 3, 4
+
+
+def _emit(level: int, message: str) -> None:
+    from gpucoll import _C
+
+    _C.log(level, message)
+
+
+def error(message: str) -> None:
+    _emit(ERROR, message)
+
+
+def warn(message: str) -> None:
+    _emit(WARN, message)
+
+
+def info(message: str) -> None:
+    _emit(INFO, message)
+
+
+def debug(message: str) -> None:
+    _emit(DEBUG, message)
+
+
+def enabled(level: int) -> bool:
+    from gpucoll import _C
+
+    return level <= _C.log_level()
