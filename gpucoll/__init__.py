@@ -43,7 +43,7 @@ def __getattr__(name):
 
         return getattr(communicator, name)
     if name == "spawn":
-        from gpucoll.spawn import spawn
+        from gpucoll._spawn import spawn
 
         return spawn
     raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")

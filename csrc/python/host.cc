@@ -1,9 +1,59 @@
+#include <pybind11/stl.h>
+
+#include "algo/registry.h"
+#include "backends/host/host_comm.h"
+#include "core/config.h"
+#include "core/error.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
 
 namespace gpucoll::python {
 
-void bind_host(py::module_&) {}
+void bind_host(py::module_& m) {
+  using host::HostComm;
+  py::class_<HostComm>(m, "HostComm")
+      .def(py::init([](int rank, int nranks, double timeout_s, const std::string& name, bool create) {
+             host::HostOptions o;
+             o.rank = rank;
+             o.nranks = nranks;
+             o.timeout_s = timeout_s;
+             o.buffer_bytes = config_bytes("GPUCOLL_HOST_BUFFER_BYTES");
+             o.segment_bytes = config_bytes("GPUCOLL_HOST_SEGMENT_BYTES");
+             o.spin_us = config_int("GPUCOLL_HOST_SPIN_US");
+             return new HostComm(o, name, create);
+           }),
+           py::arg("rank"), py::arg("nranks"), py::arg("timeout_s"), py::arg("shm_name"), py::arg("create"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_static("make_name", &host::ShmRegion::make_name)
+      .def("wait_attached", &HostComm::wait_attached, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "run",
+          [](HostComm& c, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out, int64_t count,
+             DType dtype, RedOp op, int root, int local_size) {
+            const algo::Algorithm* a = algo::find_algorithm(algo_name);
+            if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
+            host::CollArgs args;
+            args.coll = static_cast<algo::Coll>(coll);
+            args.in = reinterpret_cast<const void*>(in);
+            args.out = reinterpret_cast<void*>(out);
+            args.count = count;
+            args.dtype = dtype;
+            args.op = op;
+            args.root = root;
+            args.local_size = local_size;
+            c.run(args, *a);
+          },
+          py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
+          py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("close", &HostComm::close)
+      .def_property_readonly("rank", &HostComm::rank)
+      .def_property_readonly("nranks", &HostComm::nranks)
+      .def_property_readonly("op_seq", &HostComm::op_seq)
+      .def_property_readonly("closed", &HostComm::closed)
+      .def_property_readonly("broken", &HostComm::broken);
+}
 
 }  // namespace gpucoll::python

@@ -1,0 +1,385 @@
+#include "backends/host/host_comm.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "backends/host/kernels.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace gpucoll::host {
+
+namespace {
+constexpr uint64_t kMagic = 0x67707563'6f6c6c31ull;  // "gpucoll1"
+constexpr size_t kAlign = 4096;
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+struct Header {
+  uint64_t magic;
+  int32_t nranks;
+  int32_t reserved;
+  uint64_t buffer_bytes;
+  std::atomic<uint32_t> attached;  // ranks attached so far
+};
+}  // namespace
+
+// One per rank, each on its own cache lines so that a rank's writes never invalidate another's words.
+struct HostComm::Ctl {
+  WaitWord done;                    // schedule steps completed; peers wait on it
+  alignas(64) std::atomic<uint64_t> op_seq;  // collectives entered, for "who had not reached it" reports
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> attached;
+  std::atomic<uint32_t> broken;     // this rank abandoned a collective: peers fail fast instead of timing out
+};
+
+HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool create) : opt_(options) {
+  GPUCOLL_CHECK_ARG(opt_.nranks >= 1, "world_size must be >= 1, got ", opt_.nranks);
+  GPUCOLL_CHECK_ARG(opt_.rank >= 0 && opt_.rank < opt_.nranks, "rank must be in [0, ", opt_.nranks, "), got ",
+                    opt_.rank);
+  GPUCOLL_CHECK_ARG(opt_.buffer_bytes >= 4096, "GPUCOLL_HOST_BUFFER_BYTES must be at least 4096, got ",
+                    opt_.buffer_bytes);
+  opt_.buffer_bytes = static_cast<int64_t>(align_up(static_cast<size_t>(opt_.buffer_bytes), kAlign));
+  opt_.segment_bytes = std::max<int64_t>(opt_.segment_bytes, 64);
+  spin_ns_ = std::max<int64_t>(opt_.spin_us, 0) * 1000;
+  const size_t ctl_offset = align_up(sizeof(Header), 128);
+  data_offset_ = align_up(ctl_offset + sizeof(Ctl) * static_cast<size_t>(opt_.nranks), kAlign);
+  const size_t bytes = data_offset_ + static_cast<size_t>(opt_.buffer_bytes) * static_cast<size_t>(opt_.nranks);
+  if (create) {
+    shm_.create(shm_name, bytes);
+    auto* h = static_cast<Header*>(shm_.data());
+    h->magic = kMagic;
+    h->nranks = opt_.nranks;
+    h->buffer_bytes = static_cast<uint64_t>(opt_.buffer_bytes);
+  } else {
+    shm_.attach(shm_name);
+    const auto* h = static_cast<const Header*>(shm_.data());
+    if (shm_.size() < sizeof(Header) || h->magic != kMagic) {
+      GPUCOLL_THROW(ErrorCode::kInternal, "attach(" + shm_name + ")", "shared-memory region ", shm_name,
+                    " is not a gpucoll region");
+    }
+    if (h->nranks != opt_.nranks || h->buffer_bytes != static_cast<uint64_t>(opt_.buffer_bytes)) {
+      GPUCOLL_INVALID_ARG("ranks disagree on the communicator: rank 0 created it for world_size=", h->nranks,
+                          " with ", h->buffer_bytes, "-byte buffers, this rank expects world_size=", opt_.nranks,
+                          " with ", opt_.buffer_bytes, " (check world_size and GPUCOLL_HOST_BUFFER_BYTES)");
+    }
+  }
+  Ctl* me = ctl(opt_.rank);
+  me->pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+  me->attached.store(1, std::memory_order_release);
+  auto* h = static_cast<Header*>(shm_.data());
+  if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(opt_.nranks)) {
+    shm_.unlink();  // last to arrive: from now on nothing can be left behind in /dev/shm
+  }
+}
+
+HostComm::~HostComm() { close(); }
+
+HostComm::Ctl* HostComm::ctl(int rank) const {
+  char* base = static_cast<char*>(shm_.data()) + align_up(sizeof(Header), 128);
+  return reinterpret_cast<Ctl*>(base) + rank;
+}
+
+char* HostComm::work(int rank) const {
+  return static_cast<char*>(shm_.data()) + data_offset_ + static_cast<size_t>(opt_.buffer_bytes) * rank;
+}
+
+void HostComm::wait_attached() {
+  auto* h = static_cast<Header*>(shm_.data());
+  const int64_t deadline = now_ns() + static_cast<int64_t>(opt_.timeout_s * 1e9);
+  while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(opt_.nranks)) {
+    if (now_ns() > deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < opt_.nranks; ++r) {
+        if (ctl(r)->attached.load(std::memory_order_acquire) == 0) missing.push_back(r);
+      }
+      shm_.unlink();
+      std::string list;
+      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      throw Error(ErrorCode::kTimeout,
+                  "host communicator set-up timed out after " + std::to_string(opt_.timeout_s) +
+                      " s: rank(s) " + list + " never attached to the shared-memory region",
+                  "HostComm::wait_attached", __FILE__, __LINE__, missing);
+    }
+    usleep(200);
+  }
+  shm_.unlink();  // already gone when the last rank attached; harmless otherwise
+  GPUCOLL_DEBUG("host communicator ready: ", opt_.nranks, " ranks, ", opt_.buffer_bytes, "-byte work buffers");
+}
+
+void HostComm::close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  shm_.unlink();
+  shm_.unmap();
+}
+
+void HostComm::check_usable(const char* what) const {
+  if (closed_) {
+    GPUCOLL_THROW(ErrorCode::kInvalidUsage, what, what, " on a closed communicator (close() was called)");
+  }
+  if (broken_) {
+    GPUCOLL_THROW(ErrorCode::kInvalidUsage, what, what,
+                  " on a broken communicator: an earlier collective failed (timeout or peer failure), so ranks "
+                  "are out of step; create a new communicator");
+  }
+}
+
+void HostComm::begin_op(const char* what) {
+  check_usable(what);
+  current_ = what;
+  ++op_seq_;
+  ctl(opt_.rank)->op_seq.store(op_seq_, std::memory_order_release);
+  deadline_ns_ = now_ns() + static_cast<int64_t>(opt_.timeout_s * 1e9);
+}
+
+bool HostComm::peer_dead(int peer) const {
+  const int pid = ctl(peer)->pid.load(std::memory_order_relaxed);
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // An exited child that its parent has not reaped yet still answers kill(); its state is Z.
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[256] = {0};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buf, ')');
+  return n > 0 && paren != nullptr && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+void HostComm::raise_timeout(int peer) {
+  std::vector<int> missing;
+  for (int r = 0; r < opt_.nranks; ++r) {
+    if (r != opt_.rank && ctl(r)->op_seq.load(std::memory_order_acquire) < op_seq_) missing.push_back(r);
+  }
+  if (std::find(missing.begin(), missing.end(), peer) == missing.end()) missing.insert(missing.begin(), peer);
+  std::string list;
+  for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  const bool dead = peer_dead(peer);
+  std::string msg = std::string(current_) + " #" + std::to_string(op_seq_) + " on rank " +
+                    std::to_string(opt_.rank) + (dead ? " failed: rank " + std::to_string(peer) + " has exited"
+                                                      : " timed out after " + std::to_string(opt_.timeout_s) +
+                                                            " s waiting for rank " + std::to_string(peer)) +
+                    "; rank(s) that had not completed it: " + list;
+  throw Error(ErrorCode::kTimeout, msg, current_, __FILE__, __LINE__, missing);
+}
+
+void HostComm::wait_done(int peer, uint32_t target) {
+  WaitWord* w = &ctl(peer)->done;
+  if (reached(w->value.load(std::memory_order_acquire), target)) return;
+  // Short spin first: on an idle core the peer is usually microseconds away. Yielding inside the spin lets
+  // an oversubscribed peer run on this core.
+  const int64_t spin_end = now_ns() + spin_ns_;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (reached(w->value.load(std::memory_order_acquire), target)) return;
+      cpu_relax();
+    }
+    sched_yield();
+  } while (now_ns() < spin_end);
+  for (;;) {
+    w->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = w->value.load(std::memory_order_seq_cst);
+    if (!reached(v, target)) {
+      const int64_t left = deadline_ns_ - now_ns();
+      // Wake at least every 20 ms to notice a dead or failed peer without waiting for the full timeout.
+      futex_wait(&w->value, v, std::min<int64_t>(left, 20'000'000));
+    }
+    w->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(w->value.load(std::memory_order_acquire), target)) return;
+    if (ctl(peer)->broken.load(std::memory_order_acquire) != 0) {
+      throw Error(ErrorCode::kRemote,
+                  std::string(current_) + " #" + std::to_string(op_seq_) + " failed on rank " +
+                      std::to_string(opt_.rank) + ": rank " + std::to_string(peer) +
+                      " failed during a collective; the communicator is unusable",
+                  current_, __FILE__, __LINE__, {peer});
+    }
+    if (now_ns() >= deadline_ns_ || peer_dead(peer)) raise_timeout(peer);
+  }
+}
+
+void HostComm::wait_war() {
+  for (int q : war_readers_) wait_done(q, done_);
+}
+
+void HostComm::complete_step(const std::vector<int>& readers_of_this_step) {
+  ++done_;
+  // seq_cst store publishes every write of this step (release) before peers see the new count.
+  publish(&ctl(opt_.rank)->done, done_);
+  war_readers_ = readers_of_this_step;
+}
+
+void HostComm::fail(const char* what) noexcept {
+  broken_ = true;
+  if (shm_.data() == nullptr) return;
+  Ctl* me = ctl(opt_.rank);
+  me->broken.store(1, std::memory_order_seq_cst);
+  // Waiters re-check the broken flag when woken; the counter itself must not move.
+  futex_wake_all(&me->done.value);
+  GPUCOLL_WARN(what, " #", op_seq_, " failed; communicator marked broken");
+}
+
+const HostComm::Plan& HostComm::plan_for(const algo::Algorithm& a, const algo::Params& p) {
+  auto key = std::make_tuple(&a, static_cast<int>(p.coll), p.root, p.local_size);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  Plan plan;
+  plan.shape = a.shape(p);
+  const int P = p.nranks;
+  std::vector<algo::Op> buf(static_cast<size_t>(std::max(plan.shape.max_ops, 1)));
+  plan.steps.resize(static_cast<size_t>(plan.shape.nsteps));
+  for (int t = 0; t < plan.shape.nsteps; ++t) {
+    StepPlan& sp = plan.steps[static_cast<size_t>(t)];
+    for (int r = 0; r < P; ++r) {
+      const int n = a.step_ops(p, r, t, buf.data());
+      GPUCOLL_INTERNAL_CHECK(n <= plan.shape.max_ops);
+      for (int i = 0; i < n; ++i) {
+        const algo::Op& op = buf[static_cast<size_t>(i)];
+        if (r == opt_.rank) {
+          sp.ops.push_back(op);
+          if (op.peer != r && std::find(sp.raw_peers.begin(), sp.raw_peers.end(), op.peer) == sp.raw_peers.end())
+            sp.raw_peers.push_back(op.peer);
+        } else if (op.peer == opt_.rank &&
+                   std::find(sp.readers.begin(), sp.readers.end(), r) == sp.readers.end()) {
+          sp.readers.push_back(r);
+        }
+      }
+    }
+  }
+  return plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
+  const char* what = algo::coll_name(a.coll);
+  begin_op(what);
+  algo::Params p;
+  p.coll = a.coll;
+  p.nranks = opt_.nranks;
+  p.root = a.root;
+  p.local_size = a.local_size > 0 ? a.local_size : opt_.nranks;
+  if (const char* why = algorithm.unusable(p)) {
+    GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
+                  " here: ", why);
+  }
+  const Plan& plan = plan_for(algorithm, p);
+  try {
+    run_pieces(a, plan);
+  } catch (...) {
+    fail(what);
+    throw;
+  }
+}
+
+void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
+  using algo::Coll;
+  const Coll coll = a.coll;
+  const int P = opt_.nranks;
+  const int me = opt_.rank;
+  const bool blocked = algo::coll_is_blocked(coll);
+  const int nchunks = plan.shape.nchunks;
+  GPUCOLL_INTERNAL_CHECK(!blocked || nchunks == P);
+  const int64_t es = static_cast<int64_t>(dtype_size(a.dtype));
+  const int64_t cap = opt_.buffer_bytes / es;  // elements per work buffer
+  const int64_t seg = std::max<int64_t>(opt_.segment_bytes / es, 1);
+  const int64_t n = a.count;
+  // Piece length: of the full vector (non-blocked) or of each rank's block (blocked). Aim for chunks of about
+  // one segment so that a step's data stays in cache, within the work buffer.
+  const int64_t piece = blocked ? std::max<int64_t>(std::min<int64_t>(seg, cap / P), 1)
+                                : std::max<int64_t>(std::min<int64_t>(seg * nchunks, cap), nchunks);
+  const bool is_root = me == a.root;
+  const bool rooted = algo::coll_is_rooted(coll);
+  const bool gets_result = !rooted || coll == Coll::kBroadcast || coll == Coll::kScatter || is_root;
+  const char* in = static_cast<const char*>(a.in);
+  char* out = static_cast<char*>(a.out);
+  char* my_work = work(me);
+
+  for (int64_t begin = 0; begin < n; begin += piece) {
+    const int64_t L = std::min(piece, n - begin);
+    auto wchunk_off = [&](int c) { return blocked ? c * L : algo::chunk_begin(L, nchunks, c); };
+    auto chunk_len = [&](int c) { return blocked ? L : algo::chunk_begin(L, nchunks, c + 1) - wchunk_off(c); };
+    auto out_chunk = [&](int c) -> char* {
+      if (!blocked) return out + (begin + wchunk_off(c)) * es;
+      if (coll == Coll::kReduceScatter || coll == Coll::kScatter) return out + begin * es;
+      return out + (static_cast<int64_t>(c) * n + begin) * es;
+    };
+
+    // Copy-in is a step of its own: peers read this rank's work buffer only after it completes.
+    wait_war();
+    switch (coll) {
+      case Coll::kAllReduce:
+      case Coll::kReduce:
+        copy_elems(my_work, in + begin * es, L, a.dtype);
+        break;
+      case Coll::kBroadcast:
+        if (is_root) copy_elems(my_work, in + begin * es, L, a.dtype);
+        break;
+      case Coll::kAllGather:
+      case Coll::kGather:
+        copy_elems(my_work + static_cast<int64_t>(me) * L * es, in + begin * es, L, a.dtype);
+        break;
+      case Coll::kReduceScatter:
+      case Coll::kAllToAll:
+      case Coll::kScatter:
+        if (coll != Coll::kScatter || is_root) {
+          for (int c = 0; c < P; ++c)
+            copy_elems(my_work + c * L * es, in + (static_cast<int64_t>(c) * n + begin) * es, L, a.dtype);
+        }
+        break;
+    }
+    complete_step({});
+
+    for (const StepPlan& sp : plan.steps) {
+      wait_war();
+      for (int q : sp.raw_peers) wait_done(q, done_);
+      for (const algo::Op& op : sp.ops) {
+        const char* src = work(op.peer) + wchunk_off(op.src_chunk) * es;
+        char* dst = op.dst == algo::Space::kWork ? my_work + wchunk_off(op.dst_chunk) * es : out_chunk(op.dst_chunk);
+        const int64_t len = chunk_len(op.dst_chunk);
+        if (op.action == algo::Action::kCopy) {
+          copy_elems(dst, src, len, a.dtype);
+        } else {
+          reduce_into(dst, src, len, a.dtype, a.op);
+        }
+      }
+      complete_step(sp.readers);
+    }
+
+    // Copy-out reads only this rank's own buffer, which no peer writes: no step needed.
+    if (plan.shape.result == algo::Space::kWork && gets_result && !(coll == Coll::kBroadcast && is_root)) {
+      if (!blocked) {
+        copy_elems(out + begin * es, my_work, L, a.dtype);
+      } else if (coll == Coll::kReduceScatter || coll == Coll::kScatter) {
+        copy_elems(out + begin * es, my_work + static_cast<int64_t>(me) * L * es, L, a.dtype);
+      } else {
+        for (int c = 0; c < P; ++c) copy_elems(out_chunk(c), my_work + c * L * es, L, a.dtype);
+      }
+    }
+  }
+  if (a.op == RedOp::kAvg && algo::coll_reduces(coll) && gets_result) {
+    avg_divide(out, n, a.dtype, P);
+  }
+}
+
+void HostComm::barrier() {
+  begin_op("barrier");
+  try {
+    wait_war();
+    complete_step({});
+    for (int q = 0; q < opt_.nranks; ++q) {
+      if (q != opt_.rank) wait_done(q, done_);
+    }
+  } catch (...) {
+    fail("barrier");
+    throw;
+  }
+}
+
+}  // namespace gpucoll::host

@@ -1,0 +1,112 @@
+// The host backend: ranks are processes on one machine sharing one POSIX shared-memory region.
+//
+// Each rank owns a work buffer in the region; collectives are executed by following a schedule from
+// csrc/algo/ (see schedule.h for the pull model and its ordering contract). Per-rank control words in the
+// region carry the number of schedule steps each rank has completed; a rank waits on exactly the peers a
+// step depends on, which is what the GPU kernels will do with flags in peer memory.
+//
+// Messages larger than the work buffer, or than the pipelining segment, are cut into pieces, and each piece
+// runs the whole schedule; ranks are only coupled through step counters, so successive pieces overlap across
+// ranks (a pipelined ring, not a lock-step one).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "algo/registry.h"
+#include "backends/host/shm.h"
+#include "backends/host/sync.h"
+#include "core/types.h"
+
+namespace gpucoll::host {
+
+struct HostOptions {
+  int rank = 0;
+  int nranks = 1;
+  double timeout_s = 300.0;
+  int64_t buffer_bytes = 16 << 20;   // work buffer per rank
+  int64_t segment_bytes = 256 << 10;  // target chunk size of one schedule step
+  int64_t spin_us = 50;
+};
+
+struct CollArgs {
+  algo::Coll coll = algo::Coll::kAllReduce;
+  const void* in = nullptr;  // this rank's input (ignored where the collective does not read it)
+  void* out = nullptr;       // this rank's output; may equal `in` (in place)
+  int64_t count = 0;         // elements: N for all_reduce/broadcast/reduce, the per-rank block n otherwise
+  DType dtype = DType::kF32;
+  RedOp op = RedOp::kSum;
+  int root = 0;
+  int local_size = 0;  // hierarchical schedules; 0 = nranks
+};
+
+class HostComm {
+ public:
+  // The creating rank (rank 0) passes create=true and a name from ShmRegion::make_name(); the others
+  // attach to that name. Call wait_attached() on every rank before the first collective.
+  HostComm(const HostOptions& options, const std::string& shm_name, bool create);
+  ~HostComm();
+  HostComm(const HostComm&) = delete;
+  HostComm& operator=(const HostComm&) = delete;
+
+  // Waits until every rank has attached, then the name is unlinked (by the last to attach). A rank that
+  // never attaches turns into a timeout error naming it, and the name is unlinked anyway.
+  void wait_attached();
+
+  void run(const CollArgs& args, const algo::Algorithm& algorithm);
+  void barrier();
+  // Marks the communicator closed; later calls raise InvalidUsage. Never throws.
+  void close() noexcept;
+
+  int rank() const { return opt_.rank; }
+  int nranks() const { return opt_.nranks; }
+  uint64_t op_seq() const { return op_seq_; }
+  bool closed() const { return closed_; }
+  bool broken() const { return broken_; }
+  const std::string& shm_name() const { return shm_.name(); }
+
+ private:
+  struct Ctl;
+  struct StepPlan {
+    std::vector<algo::Op> ops;
+    std::vector<int> raw_peers;  // ranks this rank reads from at this step (excluding itself)
+    std::vector<int> readers;    // ranks that read from this rank at this step (excluding itself)
+  };
+  struct Plan {
+    algo::Shape shape;
+    std::vector<StepPlan> steps;
+  };
+
+  Ctl* ctl(int rank) const;
+  char* work(int rank) const;
+  const Plan& plan_for(const algo::Algorithm& a, const algo::Params& p);
+  void check_usable(const char* what) const;
+  void begin_op(const char* what);
+  // Waits until rank `peer` has completed `target` steps; raises a timeout or remote error instead of hanging.
+  void wait_done(int peer, uint32_t target);
+  void complete_step(const std::vector<int>& readers_of_this_step);
+  void wait_war();
+  void fail(const char* what) noexcept;
+  [[noreturn]] void raise_timeout(int peer);
+  bool peer_dead(int peer) const;
+
+  void run_pieces(const CollArgs& a, const Plan& plan);
+
+  HostOptions opt_;
+  ShmRegion shm_;
+  size_t data_offset_ = 0;
+  uint32_t done_ = 0;             // steps this rank has completed (mirrors its control word)
+  std::vector<int> war_readers_;  // ranks that read from this rank during its last completed step
+  uint64_t op_seq_ = 0;
+  const char* current_ = "init";
+  int64_t deadline_ns_ = 0;
+  int64_t spin_ns_ = 0;
+  bool closed_ = false;
+  bool broken_ = false;
+  std::map<std::tuple<const algo::Algorithm*, int, int, int>, Plan> plans_;
+};
+
+}  // namespace gpucoll::host

@@ -1,0 +1,19 @@
+// Host data movement used by the host executor: copies and element-wise reductions through the one dtype x op
+// dispatch (core/dispatch.h). Plain loops over restrict pointers: GCC vectorises the f32/f64/integer cases;
+// f16/bf16 go through float per element.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/types.h"
+
+namespace gpucoll::host {
+
+void copy_elems(void* dst, const void* src, int64_t count, DType dtype) noexcept;
+// dst[i] = op(dst[i], src[i]); kAvg reduces as a sum (see avg_divide).
+void reduce_into(void* dst, const void* src, int64_t count, DType dtype, RedOp op) noexcept;
+// avg's last step on a finished sum: divide by n (floats, rounded once) or truncate (integers).
+void avg_divide(void* data, int64_t count, DType dtype, int n) noexcept;
+
+}  // namespace gpucoll::host

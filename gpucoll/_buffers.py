@@ -1,0 +1,120 @@
+"""Buffer resolution: the one place that turns user arrays into (pointer, count, dtype, device).
+
+Accepted today: NumPy arrays and CPU torch tensors, contiguous, used zero-copy. torch is never imported
+here: a tensor is recognised by its type's module, so NumPy-only users never pay for torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpucoll.errors import InvalidArgument, Unsupported
+
+# dtype names (NumPy's and torch's spelling after "torch.") -> gpucoll._C.DType member name
+_DTYPES = {
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float32": "float32",
+    "float64": "float64",
+    "int8": "int8",
+    "uint8": "uint8",
+    "int32": "int32",
+    "int64": "int64",
+    # torch aliases
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "long": "int64",
+    "int": "int32",
+}
+SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    obj: Any
+    kind: str  # "numpy" | "torch"
+    ptr: int
+    count: int  # elements
+    dtype: Any  # gpucoll._C.DType
+    dtype_name: str
+    itemsize: int
+    shape: tuple
+    device: str  # "cpu" or "cuda:N"
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+    def overlaps(self, other: "Buffer") -> bool:
+        if self.nbytes == 0 or other.nbytes == 0:
+            return False
+        return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
+
+
+def _is_torch_tensor(x) -> bool:
+    mod = type(x).__module__
+    return (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "data_ptr")
+
+
+def _dtype_enum(name: str, arg: str):
+    from gpucoll import _C
+
+    canonical = _DTYPES.get(name)
+    if canonical is None:
+        raise Unsupported(f"{arg} has dtype {name}, which gpucoll does not support; expected one of "
+                          f"{', '.join(SUPPORTED)}")
+    return getattr(_C.DType, canonical), canonical
+
+
+def resolve(x, arg: str = "x", *, writable: bool = False) -> Buffer:
+    """Describe `x` (argument name `arg` is used in error messages)."""
+    if _is_torch_tensor(x):
+        return _resolve_torch(x, arg)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        np = None
+    if np is not None and isinstance(x, np.ndarray):
+        return _resolve_numpy(x, arg, writable)
+    raise InvalidArgument(f"{arg} must be a NumPy array or a torch tensor, got {type(x).__module__}."
+                          f"{type(x).__qualname__}")
+
+
+def _resolve_numpy(x, arg: str, writable: bool) -> Buffer:
+    name = x.dtype.name
+    if x.dtype.kind in "cOUSVMm" and name not in _DTYPES:
+        raise Unsupported(f"{arg} has dtype {name}, which gpucoll does not support; expected one of "
+                          f"{', '.join(SUPPORTED)}")
+    dtype, canonical = _dtype_enum(name, arg)
+    if not x.flags.c_contiguous:
+        raise InvalidArgument(f"{arg} must be C-contiguous; got an array with shape {x.shape} and strides "
+                              f"{x.strides} (use numpy.ascontiguousarray)")
+    if writable and not x.flags.writeable:
+        raise InvalidArgument(f"{arg} must be writable; got a read-only array")
+    ptr = x.__array_interface__["data"][0]
+    return Buffer(x, "numpy", ptr, int(x.size), dtype, canonical, x.itemsize, tuple(x.shape), "cpu")
+
+
+def _resolve_torch(x, arg: str) -> Buffer:
+    name = str(x.dtype).replace("torch.", "")
+    dtype, canonical = _dtype_enum(name, arg)
+    if not x.is_contiguous():
+        raise InvalidArgument(f"{arg} must be contiguous; got a tensor with shape {tuple(x.shape)} and strides "
+                              f"{tuple(x.stride())} (call .contiguous())")
+    device = str(x.device)
+    return Buffer(x, "torch", int(x.data_ptr()), int(x.numel()), dtype, canonical, x.element_size(),
+                  tuple(x.shape), device)
+
+
+def empty_like(buf: Buffer, count: int, shape: Optional[tuple] = None):
+    """A new array of `count` elements of buf's kind, dtype and device (for out=None results)."""
+    shape = shape if shape is not None else (count,)
+    if buf.kind == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=buf.obj.dtype, device=buf.obj.device)
+    import numpy as np
+
+    return np.empty(shape, dtype=buf.obj.dtype)
