@@ -1,5 +1,6 @@
 #include <pybind11/stl.h>
 
+#include "algo/checker.h"
 #include "algo/registry.h"
 #include "core/error.h"
 #include "python/bindings.h"
@@ -26,6 +27,67 @@ void bind_algo(py::module_& m) {
       "algorithm_supports",
       [](const std::string& name, int coll) { return get_algorithm(name).supports(static_cast<algo::Coll>(coll)); },
       py::arg("name"), py::arg("coll"));
+  m.def(
+      "check_schedule",
+      [](const std::string& name, int coll, int nranks, int root, int local_size, int64_t nbytes) {
+        algo::Params p{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+        GPUCOLL_CHECK_ARG(nranks >= 1, "nranks must be >= 1, got ", nranks);
+        GPUCOLL_CHECK_ARG(root >= 0 && root < nranks, "root must be in [0, ", nranks, "), got ", root);
+        const algo::CheckResult r = algo::check_schedule(get_algorithm(name), p, nbytes);
+        py::dict d;
+        d["ok"] = r.ok;
+        d["error"] = r.error;
+        d["nsteps"] = r.nsteps;
+        d["nchunks"] = r.nchunks;
+        d["bytes_sent"] = r.bytes_sent;
+        d["bytes_recv"] = r.bytes_recv;
+        d["active_steps"] = r.active_steps;
+        return d;
+      },
+      py::arg("algo"), py::arg("coll"), py::arg("nranks"), py::arg("root") = 0, py::arg("local_size") = 0,
+      py::arg("nbytes") = 0);
+  m.def(
+      "schedule_ops",
+      [](const std::string& name, int coll, int nranks, int root, int local_size, int rank) {
+        const algo::Algorithm& a = get_algorithm(name);
+        algo::Params p{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+        GPUCOLL_CHECK_ARG(rank >= 0 && rank < nranks, "rank must be in [0, ", nranks, "), got ", rank);
+        if (const char* why = a.unusable(p)) GPUCOLL_INVALID_ARG("algorithm '", name, "' cannot run: ", why);
+        const algo::Shape shape = a.shape(p);
+        std::vector<algo::Op> buf(static_cast<size_t>(std::max(shape.max_ops, 1)));
+        py::list steps;
+        for (int t = 0; t < shape.nsteps; ++t) {
+          py::list ops;
+          const int n = a.step_ops(p, rank, t, buf.data());
+          for (int i = 0; i < n; ++i) {
+            const algo::Op& op = buf[static_cast<size_t>(i)];
+            ops.append(py::make_tuple(op.peer, op.src_chunk, op.dst_chunk,
+                                      op.action == algo::Action::kCopy ? "copy" : "reduce",
+                                      op.dst == algo::Space::kWork ? "work" : "out"));
+          }
+          steps.append(ops);
+        }
+        py::dict d;
+        d["nchunks"] = shape.nchunks;
+        d["result"] = shape.result == algo::Space::kWork ? "work" : "out";
+        d["steps"] = steps;
+        return d;
+      },
+      py::arg("algo"), py::arg("coll"), py::arg("nranks"), py::arg("root") = 0, py::arg("local_size") = 0,
+      py::arg("rank") = 0);
+  m.def(
+      "algorithm_unusable",
+      [](const std::string& name, int coll, int nranks, int root, int local_size) -> py::object {
+        const algo::Algorithm& a = get_algorithm(name);
+        if (!a.supports(static_cast<algo::Coll>(coll))) {
+          return py::str(std::string(name) + " does not implement " + algo::coll_name(static_cast<algo::Coll>(coll)));
+        }
+        algo::Params p{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+        const char* why = a.unusable(p);
+        return why ? py::object(py::str(why)) : py::object(py::none());
+      },
+      py::arg("algo"), py::arg("coll"), py::arg("nranks"), py::arg("root") = 0, py::arg("local_size") = 0);
+  m.def("algorithm_summary", [](const std::string& name) { return std::string(get_algorithm(name).summary); });
   m.def("coll_names", []() {
     std::vector<std::string> names;
     for (int i = 0; i < algo::kNumColls; ++i) names.emplace_back(algo::coll_name(static_cast<algo::Coll>(i)));

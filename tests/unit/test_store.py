@@ -1,0 +1,359 @@
+"""TCPStore: key-value semantics, blocking/timeouts, threads and processes, hostile peers, binding, close."""
+
+import multiprocessing as mp
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from gpucoll.bootstrap import TCPStore
+from gpucoll.bootstrap.store import MAGIC, MAX_FRAME
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture
+def server():
+    store = TCPStore(HOST, 0, is_server=True, timeout=5.0)
+    yield store
+    store.close()
+
+
+def client(server, timeout=5.0):
+    return TCPStore(HOST, server.port, is_server=False, timeout=timeout)
+
+
+def run_threads(n, fn):
+    """Run fn(i) in n threads; re-raise the first failure in the test thread."""
+    errors = []
+
+    def wrap(i):
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "threads hung"
+    if errors:
+        raise errors[0]
+
+
+# -- basics --------------------------------------------------------------------------------------------------------
+
+def test_set_get_binary_values(server):
+    for key, value in [("a", b"1"), ("empty", b""), ("nul", b"\x00\xff" * 3), ("ünï/cødé", b"x"),
+                       ("big", bytes(range(256)) * 4096)]:
+        server.set(key, value)
+        assert server.get(key) == value
+    server.set("a", bytearray(b"over"))
+    assert server.get("a") == b"over"
+
+
+def test_add_check_delete(server):
+    assert server.add("n", 5) == 5
+    assert server.add("n", -7) == -2
+    assert server.get("n") == b"-2"  # counters are readable as ASCII decimal
+    assert server.check(["n"]) and server.check("n") and not server.check(["n", "missing"])
+    assert server.check([])
+    assert server.delete("n") is True
+    assert server.delete("n") is False
+    assert not server.check("n")
+    assert server.add("n", 1) == 1  # recreated at 0
+
+
+def test_add_on_non_counter_is_invalid_argument(server):
+    server.set("s", b"hello")
+    with pytest.raises(InvalidArgument, match="'s'.*not a counter"):
+        server.add("s", 1)
+    assert server.get("s") == b"hello"  # the connection survived the error
+
+
+def test_json_helpers(server):
+    server.set_json("j", {"a": [1, 2], "b": None})
+    assert server.get_json("j") == {"a": [1, 2], "b": None}
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.set(1, b"x"), lambda s: s.set("k", "text"), lambda s: s.get("k", timeout=-1),
+    lambda s: s.get("k", timeout=float("inf")), lambda s: s.add("k", 1.5), lambda s: s.add("k", 1 << 63),
+    lambda s: s.check(5), lambda s: s.wait(["k", 2]), lambda s: s.barrier("b", 0, rank=0),
+    lambda s: s.barrier("b", 2), lambda s: s.barrier("b", 2, rank=2),
+])
+def test_invalid_arguments(server, call):
+    with pytest.raises(InvalidArgument):
+        call(server)
+
+
+def test_constructor_arguments():
+    with pytest.raises(InvalidArgument, match="port=0"):
+        TCPStore(HOST, 0, is_server=False)
+    with pytest.raises(InvalidArgument, match="port"):
+        TCPStore(HOST, 70000, is_server=True)
+    with pytest.raises(InvalidArgument, match="timeout"):
+        TCPStore(HOST, 0, is_server=True, timeout=0)
+
+
+# -- blocking and timeouts -----------------------------------------------------------------------------------------
+
+def test_get_blocks_until_set(server):
+    c = client(server)
+    threading.Timer(0.2, lambda: server.set("late", b"v")).start()
+    t0 = time.monotonic()
+    assert c.get("late", timeout=5) == b"v"
+    assert 0.15 < time.monotonic() - t0 < 2
+    c.close()
+
+
+def test_get_timeout_names_key_and_timeout(server):
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as e:
+        server.get("never", timeout=0.5)
+    elapsed = time.monotonic() - t0
+    assert 0.45 <= elapsed < 1.5
+    assert "'never'" in str(e.value) and "0.5 s" in str(e.value)
+    server.set("after", b"1")  # the client is still usable
+    assert server.get("after") == b"1"
+
+
+def test_wait_and_wait_timeout_names_missing_keys(server):
+    threading.Timer(0.1, lambda: (server.set("w1", b""), server.set("w2", b""))).start()
+    client(server).wait(["w1", "w2"], timeout=5)
+    with pytest.raises(CollectiveTimeout, match=r"\['gone'\]"):
+        server.wait(["w1", "gone"], timeout=0.2)
+
+
+def test_default_timeout_is_the_store_timeout():
+    with TCPStore(HOST, 0, is_server=True, timeout=0.3) as s:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout, match="0.3 s"):
+            s.get("x")
+        assert time.monotonic() - t0 < 1.3
+
+
+def test_client_retries_until_server_starts():
+    probe = socket.socket()
+    probe.bind((HOST, 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    holder = {}
+    threading.Timer(0.3, lambda: holder.setdefault("srv", TCPStore(HOST, port, is_server=True, timeout=5))).start()
+    c = TCPStore(HOST, port, is_server=False, timeout=5)
+    c.set("k", b"v")
+    assert holder["srv"].get("k") == b"v"
+    c.close()
+    holder["srv"].close()
+
+
+def test_connect_timeout_names_host_and_port():
+    probe = socket.socket()
+    probe.bind((HOST, 0))
+    port = probe.getsockname()[1]  # bound but not listening: connections are refused
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match=rf"{HOST}:{port}"):
+        TCPStore(HOST, port, is_server=False, timeout=0.4)
+    assert time.monotonic() - t0 < 1.4
+    probe.close()
+
+
+# -- concurrency ---------------------------------------------------------------------------------------------------
+
+def test_add_is_atomic_across_clients(server):
+    clients = [client(server) for _ in range(6)]
+    run_threads(6, lambda i: [clients[i].add("ctr", 1) for _ in range(50)])
+    assert server.add("ctr", 0) == 300
+    for c in clients:
+        c.close()
+
+
+def test_one_client_shared_by_threads(server):
+    c = client(server)
+
+    def work(i):
+        for j in range(30):
+            c.set(f"t{i}/{j}", f"{i}:{j}".encode())
+            assert c.get(f"t{i}/{j}") == f"{i}:{j}".encode()
+            c.add("shared", 1)
+
+    run_threads(6, work)
+    assert c.add("shared", 0) == 180
+    c.close()
+
+
+def test_barrier_across_threads_is_reusable(server):
+    n = 4
+    clients = [client(server) for _ in range(n)]
+    order = []
+
+    def work(rank):
+        for step in range(3):
+            order.append(step)
+            clients[rank].barrier("b", n, timeout=5, rank=rank)
+
+    run_threads(n, work)
+    # Nobody entered step s+1 before everyone entered step s.
+    assert order == sorted(order)
+    for c in clients:
+        c.close()
+
+
+def test_barrier_timeout_names_missing_ranks(server):
+    other = client(server)
+    t = threading.Thread(target=lambda: pytest.raises(CollectiveTimeout, other.barrier, "bt", 4, 0.5, rank=2))
+    t.start()
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as e:
+        server.barrier("bt", 4, timeout=0.5, rank=0)
+    assert time.monotonic() - t0 < 1.5
+    t.join()
+    assert e.value.ranks == (1, 3) and e.value.missing_ranks == (1, 3)
+    assert "missing ranks: [1, 3]" in str(e.value) and "2 of 4" in str(e.value)
+    other.close()
+
+
+def _proc_main(port, rank, world):
+    """A rank in a spawned process: count in, publish, meet at a barrier, read everyone's value."""
+    store = TCPStore(HOST, port, is_server=False, timeout=10)
+    store.add("joined", 1)
+    store.set(f"value/{rank}", f"from-{rank}".encode())
+    store.barrier("procs", world, timeout=10, rank=rank)
+    seen = [store.get(f"value/{r}", timeout=5).decode() for r in range(world)]
+    store.set_json(f"result/{rank}", {"seen": seen, "joined": int(store.get("joined"))})
+    store.close()
+
+
+def test_across_processes(server):
+    world = 4
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_proc_main, args=(server.port, r, world)) for r in range(1, world)]
+    for p in procs:
+        p.start()
+    try:
+        _proc_main(server.port, 0, world)
+        server.wait([f"result/{r}" for r in range(world)], timeout=10)
+        expected = [f"from-{r}" for r in range(world)]
+        for r in range(world):
+            assert server.get_json(f"result/{r}") == {"seen": expected, "joined": world}
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * (world - 1)
+
+
+# -- hostile peers -------------------------------------------------------------------------------------------------
+
+def _raw(server):
+    s = socket.create_connection((HOST, server.port), timeout=5)
+    return s
+
+
+def _assert_dropped(sock):
+    # The server closed this connection (after logging). Closing with our junk still unread makes the kernel
+    # send a reset instead of a FIN, so both count as "dropped".
+    try:
+        assert sock.recv(100) == b""
+    except ConnectionResetError:
+        pass
+    sock.close()
+
+
+def test_garbage_connections_are_dropped_and_server_keeps_serving(server, capfd):
+    c = client(server)
+    c.set("before", b"1")
+    capfd.readouterr()
+
+    # Each junk connection is confirmed dropped before the next one, and the server logs *before* it closes a
+    # connection, so all lines are in stderr by the end. (Polling capfd while the server thread writes could lose
+    # a line between capfd's read and its truncate.)
+    s = _raw(server)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    _assert_dropped(s)
+
+    s = _raw(server)
+    s.sendall(struct.pack("!4sI", MAGIC, 0xFFFFFFFF))
+    _assert_dropped(s)
+
+    s = _raw(server)
+    s.sendall(struct.pack("!4sI", MAGIC, 100) + b"0123456789")  # half a frame, then hang up (FIN)
+    s.shutdown(socket.SHUT_WR)
+    _assert_dropped(s)
+
+    s = _raw(server)
+    s.sendall(MAGIC[:2])  # half a header, then hang up
+    s.shutdown(socket.SHUT_WR)
+    _assert_dropped(s)
+
+    for payload in (b"\x63", b"\x02\x00\x00\x00\x02\xff\xfe" + struct.pack("!d", 1.0), b"\x01\x00\x00",
+                    b"\x01\x00\x00\x00\x01k\x00\x00\x00\x00trailing", b""):
+        s = _raw(server)
+        s.sendall(struct.pack("!4sI", MAGIC, len(payload)) + payload)
+        _assert_dropped(s)
+
+    # The existing client and a brand-new one both still work.
+    assert c.get("before") == b"1"
+    c2 = client(server)
+    c2.set("after", b"2")
+    assert server.get("after") == b"2"
+    c.close()
+    c2.close()
+
+    log = capfd.readouterr().err
+    for text in ("bad magic b'GET '", f"exceeds {MAX_FRAME}", "after 10 of 100 payload bytes",
+                 "inside a frame header", "unknown opcode", "UTF-8", "trailing bytes", "payload truncated"):
+        assert text in log, (text, log)
+    assert log.count("WARN") == 9
+    assert not server.check("k")  # the junk SET with trailing bytes was not applied
+
+
+# -- binding and shutdown ------------------------------------------------------------------------------------------
+
+def test_binds_only_to_the_given_address(server):
+    assert server.bound_address[0] == "127.0.0.1"
+    assert server.bound_address[1] == server.port != 0
+    assert client(server).bound_address is None
+
+
+def test_close_is_idempotent_and_frees_the_port():
+    s = TCPStore(HOST, 0, is_server=True, timeout=2)
+    c = TCPStore(HOST, s.port, is_server=False, timeout=2)
+    port = s.port
+    c.close()
+    c.close()
+    s.close()
+    s.close()
+    assert s.closed and c.closed
+    with pytest.raises(InvalidUsage):
+        s.get("k")
+    with pytest.raises(InvalidUsage):
+        c.set("k", b"")
+    again = TCPStore(HOST, port, is_server=True, timeout=2)  # listening socket really closed
+    again.close()
+
+
+def test_server_close_wakes_a_blocked_remote_get():
+    s = TCPStore(HOST, 0, is_server=True, timeout=5)
+    c = TCPStore(HOST, s.port, is_server=False, timeout=5)
+    threading.Timer(0.2, s.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError):
+        c.get("never", timeout=30)
+    assert time.monotonic() - t0 < 3
+    c.close()
+
+
+def test_client_close_unblocks_its_own_waiting_thread(server):
+    c = client(server)
+    threading.Timer(0.2, c.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(InvalidUsage):
+        c.get("never", timeout=30)
+    assert time.monotonic() - t0 < 3
