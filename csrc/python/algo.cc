@@ -2,6 +2,7 @@
 
 #include "algo/checker.h"
 #include "algo/registry.h"
+#include "algo/selector.h"
 #include "core/error.h"
 #include "python/bindings.h"
 
@@ -88,6 +89,43 @@ void bind_algo(py::module_& m) {
       },
       py::arg("algo"), py::arg("coll"), py::arg("nranks"), py::arg("root") = 0, py::arg("local_size") = 0);
   m.def("algorithm_summary", [](const std::string& name) { return std::string(get_algorithm(name).summary); });
+  m.def(
+      "select_algorithm",
+      [](int coll, int nranks, int64_t nbytes, int local_size, const std::string& requested) {
+        return std::string(
+            algo::select_algorithm(static_cast<algo::Coll>(coll), nranks, nbytes, local_size, requested).name);
+      },
+      py::arg("coll"), py::arg("nranks"), py::arg("nbytes"), py::arg("local_size") = 0, py::arg("requested") = "auto");
+  m.def(
+      "predict",
+      [](const std::string& name, int coll, int nranks, int64_t nbytes, int local_size, double a_s, double b_s) {
+        algo::CostParams cp = algo::host_cost_params();
+        if (a_s > 0) cp.a_s = a_s;
+        if (b_s > 0) cp.b_s_per_byte = b_s;
+        const algo::Prediction p = algo::predict(get_algorithm(name), static_cast<algo::Coll>(coll), nranks, nbytes,
+                                                 local_size, cp);
+        py::dict d;
+        d["usable"] = p.usable;
+        d["reason"] = p.reason;
+        d["seconds"] = p.seconds;
+        d["steps"] = p.steps;
+        d["pieces"] = p.pieces;
+        d["bytes_sent"] = p.bytes_sent;
+        d["bytes_recv"] = p.bytes_recv;
+        return d;
+      },
+      py::arg("algo"), py::arg("coll"), py::arg("nranks"), py::arg("nbytes"), py::arg("local_size") = 0,
+      py::arg("a") = 0.0, py::arg("b") = 0.0);
+  m.def("cost_params", []() {
+    const algo::CostParams cp = algo::host_cost_params();
+    py::dict d;
+    d["a"] = cp.a_s;
+    d["b"] = cp.b_s_per_byte;
+    d["segment_bytes"] = cp.segment_bytes;
+    d["buffer_bytes"] = cp.buffer_bytes;
+    d["cores"] = cp.cores;
+    return d;
+  });
   m.def("coll_names", []() {
     std::vector<std::string> names;
     for (int i = 0; i < algo::kNumColls; ++i) names.emplace_back(algo::coll_name(static_cast<algo::Coll>(i)));

@@ -21,6 +21,7 @@ void bind_host(py::module_& m) {
              o.buffer_bytes = config_bytes("GPUCOLL_HOST_BUFFER_BYTES");
              o.segment_bytes = config_bytes("GPUCOLL_HOST_SEGMENT_BYTES");
              o.spin_us = config_int("GPUCOLL_HOST_SPIN_US");
+             o.debug_checks = config_bool("GPUCOLL_DEBUG_CHECKS");
              return new HostComm(o, name, create);
            }),
            py::arg("rank"), py::arg("nranks"), py::arg("timeout_s"), py::arg("shm_name"), py::arg("create"),
@@ -48,6 +49,23 @@ void bind_host(py::module_& m) {
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "p2p",
+          [](HostComm& c, const std::vector<std::tuple<bool, int, uintptr_t, int64_t>>& batch) {
+            std::vector<host::P2POp> ops;
+            ops.reserve(batch.size());
+            for (const auto& [send, peer, ptr, bytes] : batch) {
+              host::P2POp op;
+              op.send = send;
+              op.peer = peer;
+              op.buf = reinterpret_cast<void*>(ptr);
+              op.bytes = bytes;
+              ops.push_back(op);
+            }
+            py::gil_scoped_release release;
+            c.p2p(ops);
+          },
+          py::arg("ops"))
       .def("close", &HostComm::close)
       .def_property_readonly("rank", &HostComm::rank)
       .def_property_readonly("nranks", &HostComm::nranks)

@@ -10,34 +10,11 @@
 #include <cstring>
 
 #include "backends/host/kernels.h"
+#include "backends/host/region.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace gpucoll::host {
-
-namespace {
-constexpr uint64_t kMagic = 0x67707563'6f6c6c31ull;  // "gpucoll1"
-constexpr size_t kAlign = 4096;
-
-size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-struct Header {
-  uint64_t magic;
-  int32_t nranks;
-  int32_t reserved;
-  uint64_t buffer_bytes;
-  std::atomic<uint32_t> attached;  // ranks attached so far
-};
-}  // namespace
-
-// One per rank, each on its own cache lines so that a rank's writes never invalidate another's words.
-struct HostComm::Ctl {
-  WaitWord done;                    // schedule steps completed; peers wait on it
-  alignas(64) std::atomic<uint64_t> op_seq;  // collectives entered, for "who had not reached it" reports
-  std::atomic<int32_t> pid;
-  std::atomic<uint32_t> attached;
-  std::atomic<uint32_t> broken;     // this rank abandoned a collective: peers fail fast instead of timing out
-};
 
 HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool create) : opt_(options) {
   GPUCOLL_CHECK_ARG(opt_.nranks >= 1, "world_size must be >= 1, got ", opt_.nranks);
@@ -45,35 +22,46 @@ HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool
                     opt_.rank);
   GPUCOLL_CHECK_ARG(opt_.buffer_bytes >= 4096, "GPUCOLL_HOST_BUFFER_BYTES must be at least 4096, got ",
                     opt_.buffer_bytes);
-  opt_.buffer_bytes = static_cast<int64_t>(align_up(static_cast<size_t>(opt_.buffer_bytes), kAlign));
+  opt_.buffer_bytes = static_cast<int64_t>(align_up(static_cast<size_t>(opt_.buffer_bytes), kPageAlign));
   opt_.segment_bytes = std::max<int64_t>(opt_.segment_bytes, 64);
   spin_ns_ = std::max<int64_t>(opt_.spin_us, 0) * 1000;
-  const size_t ctl_offset = align_up(sizeof(Header), 128);
-  data_offset_ = align_up(ctl_offset + sizeof(Ctl) * static_cast<size_t>(opt_.nranks), kAlign);
-  const size_t bytes = data_offset_ + static_cast<size_t>(opt_.buffer_bytes) * static_cast<size_t>(opt_.nranks);
+  debug_checks_ = opt_.debug_checks;
+  // p2p slots: up to 1 MiB each, shrinking with P^2 so that the region stays within 256 MiB of address space
+  // (tmpfs only backs the pages that are touched, so unused pairs cost nothing).
+  const size_t P = static_cast<size_t>(opt_.nranks);
+  slot_bytes_ = std::clamp<size_t>((size_t{256} << 20) / (2 * P * P), size_t{64} << 10, size_t{1} << 20);
+  slot_bytes_ = align_up(slot_bytes_, kPageAlign) - kSlotHeaderBytes;
+  const RegionLayout layout(opt_.nranks, static_cast<size_t>(opt_.buffer_bytes), slot_bytes_);
+  work_offset_ = layout.work_offset;
+  pair_offset_ = layout.pair_offset;
+  slot_offset_ = layout.slot_offset;
   if (create) {
-    shm_.create(shm_name, bytes);
-    auto* h = static_cast<Header*>(shm_.data());
-    h->magic = kMagic;
+    shm_.create(shm_name, layout.total);
+    auto* h = static_cast<RegionHeader*>(shm_.data());
+    h->magic = kRegionMagic;
     h->nranks = opt_.nranks;
     h->buffer_bytes = static_cast<uint64_t>(opt_.buffer_bytes);
+    h->slot_bytes = slot_bytes_;
   } else {
     shm_.attach(shm_name);
-    const auto* h = static_cast<const Header*>(shm_.data());
-    if (shm_.size() < sizeof(Header) || h->magic != kMagic) {
+    const auto* h = static_cast<const RegionHeader*>(shm_.data());
+    if (shm_.size() < sizeof(RegionHeader) || h->magic != kRegionMagic) {
       GPUCOLL_THROW(ErrorCode::kInternal, "attach(" + shm_name + ")", "shared-memory region ", shm_name,
                     " is not a gpucoll region");
     }
-    if (h->nranks != opt_.nranks || h->buffer_bytes != static_cast<uint64_t>(opt_.buffer_bytes)) {
+    if (h->nranks != opt_.nranks || h->buffer_bytes != static_cast<uint64_t>(opt_.buffer_bytes) ||
+        shm_.size() != layout.total) {
       GPUCOLL_INVALID_ARG("ranks disagree on the communicator: rank 0 created it for world_size=", h->nranks,
                           " with ", h->buffer_bytes, "-byte buffers, this rank expects world_size=", opt_.nranks,
                           " with ", opt_.buffer_bytes, " (check world_size and GPUCOLL_HOST_BUFFER_BYTES)");
     }
   }
+  p2p_sent_.assign(P, 0);
+  p2p_recvd_.assign(P, 0);
   Ctl* me = ctl(opt_.rank);
   me->pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
   me->attached.store(1, std::memory_order_release);
-  auto* h = static_cast<Header*>(shm_.data());
+  auto* h = static_cast<RegionHeader*>(shm_.data());
   if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(opt_.nranks)) {
     shm_.unlink();  // last to arrive: from now on nothing can be left behind in /dev/shm
   }
@@ -81,17 +69,28 @@ HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool
 
 HostComm::~HostComm() { close(); }
 
-HostComm::Ctl* HostComm::ctl(int rank) const {
-  char* base = static_cast<char*>(shm_.data()) + align_up(sizeof(Header), 128);
+Ctl* HostComm::ctl(int rank) const {
+  char* base = static_cast<char*>(shm_.data()) + align_up(sizeof(RegionHeader), 128);
   return reinterpret_cast<Ctl*>(base) + rank;
 }
 
+PairCtl* HostComm::pair(int src, int dst) const {
+  char* base = static_cast<char*>(shm_.data()) + pair_offset_;
+  return reinterpret_cast<PairCtl*>(base) + (static_cast<size_t>(src) * opt_.nranks + dst);
+}
+
+char* HostComm::slot(int src, int dst, uint64_t piece) const {
+  const size_t stride = kSlotHeaderBytes + slot_bytes_;
+  const size_t index = (static_cast<size_t>(src) * opt_.nranks + dst) * kP2PSlots + piece % kP2PSlots;
+  return static_cast<char*>(shm_.data()) + slot_offset_ + stride * index;
+}
+
 char* HostComm::work(int rank) const {
-  return static_cast<char*>(shm_.data()) + data_offset_ + static_cast<size_t>(opt_.buffer_bytes) * rank;
+  return static_cast<char*>(shm_.data()) + work_offset_ + static_cast<size_t>(opt_.buffer_bytes) * rank;
 }
 
 void HostComm::wait_attached() {
-  auto* h = static_cast<Header*>(shm_.data());
+  auto* h = static_cast<RegionHeader*>(shm_.data());
   const int64_t deadline = now_ns() + static_cast<int64_t>(opt_.timeout_s * 1e9);
   while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(opt_.nranks)) {
     if (now_ns() > deadline) {
@@ -172,8 +171,9 @@ void HostComm::raise_timeout(int peer) {
   throw Error(ErrorCode::kTimeout, msg, current_, __FILE__, __LINE__, missing);
 }
 
-void HostComm::wait_done(int peer, uint32_t target) {
-  WaitWord* w = &ctl(peer)->done;
+void HostComm::wait_done(int peer, uint32_t target) { wait_word(&ctl(peer)->done, target, peer); }
+
+void HostComm::wait_word(WaitWord* w, uint32_t target, int peer) {
   if (reached(w->value.load(std::memory_order_acquire), target)) return;
   // Short spin first: on an idle core the peer is usually microseconds away. Yielding inside the spin lets
   // an oversubscribed peer run on this core.
@@ -224,6 +224,11 @@ void HostComm::fail(const char* what) noexcept {
   me->broken.store(1, std::memory_order_seq_cst);
   // Waiters re-check the broken flag when woken; the counter itself must not move.
   futex_wake_all(&me->done.value);
+  // Peers blocked in p2p wait on this rank's pair counters: wake those too.
+  for (int q = 0; q < opt_.nranks; ++q) {
+    futex_wake_all(&pair(opt_.rank, q)->sent.value);
+    futex_wake_all(&pair(q, opt_.rank)->acked.value);
+  }
   GPUCOLL_WARN(what, " #", op_seq_, " failed; communicator marked broken");
 }
 
@@ -271,6 +276,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   }
   const Plan& plan = plan_for(algorithm, p);
   try {
+    if (debug_checks_) debug_check(a);
     run_pieces(a, plan);
   } catch (...) {
     fail(what);
@@ -378,6 +384,140 @@ void HostComm::barrier() {
     }
   } catch (...) {
     fail("barrier");
+    throw;
+  }
+}
+
+void HostComm::debug_check(const CollArgs& a) {
+  // Publish this op's descriptor, make it a step (so every rank's descriptor is visible after it), then
+  // compare. All ranks read the same table and so raise the same error. Two slots alternate by op parity:
+  // the slot of op k+2 is written only after every rank passed op k+1's check step, i.e. finished reading k.
+  OpDesc& mine = ctl(opt_.rank)->desc[op_seq_ % 2];
+  mine.coll = static_cast<int32_t>(a.coll);
+  mine.dtype = static_cast<int32_t>(a.dtype);
+  mine.op = algo::coll_reduces(a.coll) ? static_cast<int32_t>(a.op) : -1;
+  mine.root = algo::coll_is_rooted(a.coll) ? a.root : -1;
+  mine.count = a.count;
+  mine.seq = op_seq_;
+  wait_war();
+  complete_step({});
+  for (int q = 0; q < opt_.nranks; ++q) {
+    if (q != opt_.rank) wait_done(q, done_);
+  }
+  bool same = true;
+  for (int q = 0; q < opt_.nranks && same; ++q) {
+    const OpDesc& d = ctl(q)->desc[op_seq_ % 2];
+    same = d.coll == mine.coll && d.dtype == mine.dtype && d.op == mine.op && d.root == mine.root &&
+           d.count == mine.count && d.seq == mine.seq;
+  }
+  if (same) return;
+  std::string table;
+  for (int q = 0; q < opt_.nranks; ++q) {
+    const OpDesc& d = ctl(q)->desc[op_seq_ % 2];
+    table += "\n  rank " + std::to_string(q) + ": " + algo::coll_name(static_cast<algo::Coll>(d.coll)) + " #" +
+             std::to_string(d.seq) + " dtype=" + dtype_name(static_cast<DType>(d.dtype)) +
+             " count=" + std::to_string(d.count) +
+             (d.op >= 0 ? std::string(" op=") + redop_name(static_cast<RedOp>(d.op)) : std::string()) +
+             (d.root >= 0 ? " root=" + std::to_string(d.root) : std::string());
+  }
+  // Everyone raises; nobody touched data, so the communicator stays usable.
+  throw Error(ErrorCode::kInvalidArgument,
+              "GPUCOLL_DEBUG_CHECKS: ranks disagree on collective #" + std::to_string(op_seq_) + ":" + table,
+              "debug_check", __FILE__, __LINE__);
+}
+
+void HostComm::p2p(const std::vector<P2POp>& ops) {
+  begin_op(ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "group");
+  struct Progress {
+    const P2POp* op;
+    uint64_t first_piece;  // the pair counter value of this message's first piece
+    uint64_t npieces;
+    uint64_t next = 0;     // pieces done
+  };
+  std::vector<Progress> todo;
+  todo.reserve(ops.size());
+  for (const P2POp& op : ops) {
+    GPUCOLL_CHECK_ARG(op.peer >= 0 && op.peer < opt_.nranks && op.peer != opt_.rank, "peer must be in [0, ",
+                      opt_.nranks, ") and not this rank (", opt_.rank, "), got ", op.peer);
+    const uint64_t n = op.bytes == 0 ? 1 : (static_cast<uint64_t>(op.bytes) + slot_bytes_ - 1) / slot_bytes_;
+    uint32_t& counter = op.send ? p2p_sent_[static_cast<size_t>(op.peer)] : p2p_recvd_[static_cast<size_t>(op.peer)];
+    todo.push_back(Progress{&op, counter, n});
+    counter += static_cast<uint32_t>(n);  // later messages to the same peer queue behind this one, in order
+  }
+  try {
+    size_t remaining = todo.size();
+    int idle_rounds = 0;
+    while (remaining > 0) {
+      bool progressed = false;
+      const Progress* blocked = nullptr;
+      for (Progress& pr : todo) {
+        if (pr.next == pr.npieces) continue;
+        const P2POp& op = *pr.op;
+        const uint64_t piece = pr.first_piece + pr.next;
+        const uint64_t off = pr.next * slot_bytes_;
+        const uint64_t len = std::min<uint64_t>(slot_bytes_, static_cast<uint64_t>(op.bytes) - std::min<uint64_t>(off, op.bytes));
+        if (op.send) {
+          PairCtl* pc = pair(opt_.rank, op.peer);
+          // The slot is free once the receiver acknowledged the piece that used it kP2PSlots pieces ago.
+          if (!reached(pc->acked.value.load(std::memory_order_acquire), static_cast<uint32_t>(piece + 1 - kP2PSlots))) {
+            blocked = &pr;
+            continue;
+          }
+          char* s = slot(opt_.rank, op.peer, piece);
+          auto* hdr = reinterpret_cast<SlotHeader*>(s);
+          hdr->message_bytes = static_cast<uint64_t>(op.bytes);
+          hdr->piece_bytes = len;
+          if (len > 0) std::memcpy(s + kSlotHeaderBytes, static_cast<const char*>(op.buf) + off, len);
+          publish(&pc->sent, static_cast<uint32_t>(piece + 1));
+        } else {
+          PairCtl* pc = pair(op.peer, opt_.rank);
+          if (!reached(pc->sent.value.load(std::memory_order_acquire), static_cast<uint32_t>(piece + 1))) {
+            blocked = &pr;
+            continue;
+          }
+          const char* s = slot(op.peer, opt_.rank, piece);
+          const auto* hdr = reinterpret_cast<const SlotHeader*>(s);
+          if (hdr->message_bytes != static_cast<uint64_t>(op.bytes)) {
+            GPUCOLL_INVALID_ARG("recv from rank ", op.peer, " expected ", op.bytes, " bytes but rank ", op.peer,
+                                " sent ", hdr->message_bytes, " bytes (sizes and dtypes of matching send/recv must "
+                                "agree)");
+          }
+          if (len > 0) std::memcpy(static_cast<char*>(op.buf) + off, s + kSlotHeaderBytes, len);
+          publish(&pc->acked, static_cast<uint32_t>(piece + 1));
+        }
+        ++pr.next;
+        progressed = true;
+        if (pr.next == pr.npieces) --remaining;
+      }
+      if (progressed) {
+        idle_rounds = 0;
+      } else if (blocked != nullptr) {
+        // Nothing could move. Sleep briefly on one blocked transfer's counter, then rescan all of them: another
+        // transfer of the batch may become ready first, and only rescanning avoids waiting on the wrong one.
+        const P2POp& op = *blocked->op;
+        WaitWord* w = op.send ? &pair(opt_.rank, op.peer)->acked : &pair(op.peer, opt_.rank)->sent;
+        if (++idle_rounds < 64) {
+          cpu_relax();
+          if (idle_rounds % 8 == 0) sched_yield();
+        } else {
+          w->sleepers.fetch_add(1, std::memory_order_seq_cst);
+          const uint32_t v = w->value.load(std::memory_order_seq_cst);
+          const uint64_t piece = blocked->first_piece + blocked->next;
+          const uint32_t target = static_cast<uint32_t>(op.send ? piece + 1 - kP2PSlots : piece + 1);
+          if (!reached(v, target)) futex_wait(&w->value, v, std::min<int64_t>(deadline_ns_ - now_ns(), 2'000'000));
+          w->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+          if (ctl(op.peer)->broken.load(std::memory_order_acquire) != 0) {
+            throw Error(ErrorCode::kRemote,
+                        std::string(current_) + " failed on rank " + std::to_string(opt_.rank) + ": rank " +
+                            std::to_string(op.peer) + " failed; the communicator is unusable",
+                        current_, __FILE__, __LINE__, {op.peer});
+          }
+          if (now_ns() >= deadline_ns_ || peer_dead(op.peer)) raise_timeout(op.peer);
+        }
+      }
+    }
+  } catch (...) {
+    fail(current_);
     throw;
   }
 }

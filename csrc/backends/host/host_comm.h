@@ -23,6 +23,9 @@
 
 namespace gpucoll::host {
 
+struct Ctl;      // region.h
+struct PairCtl;  // region.h
+
 struct HostOptions {
   int rank = 0;
   int nranks = 1;
@@ -30,6 +33,15 @@ struct HostOptions {
   int64_t buffer_bytes = 16 << 20;   // work buffer per rank
   int64_t segment_bytes = 256 << 10;  // target chunk size of one schedule step
   int64_t spin_us = 50;
+  bool debug_checks = false;  // GPUCOLL_DEBUG_CHECKS
+};
+
+// One side of a point-to-point transfer; a batch of them (a group) progresses together.
+struct P2POp {
+  bool send = false;
+  int peer = 0;
+  void* buf = nullptr;  // read by a send, written by a recv
+  int64_t bytes = 0;
 };
 
 struct CollArgs {
@@ -58,6 +70,9 @@ class HostComm {
 
   void run(const CollArgs& args, const algo::Algorithm& algorithm);
   void barrier();
+  // Runs a batch of sends and receives to completion. All of them progress together, piece by piece, so any
+  // order of matching pairs completes (ncclGroupStart/End semantics); a lone send or recv is a batch of one.
+  void p2p(const std::vector<P2POp>& ops);
   // Marks the communicator closed; later calls raise InvalidUsage. Never throws.
   void close() noexcept;
 
@@ -69,7 +84,6 @@ class HostComm {
   const std::string& shm_name() const { return shm_.name(); }
 
  private:
-  struct Ctl;
   struct StepPlan {
     std::vector<algo::Op> ops;
     std::vector<int> raw_peers;  // ranks this rank reads from at this step (excluding itself)
@@ -81,6 +95,8 @@ class HostComm {
   };
 
   Ctl* ctl(int rank) const;
+  PairCtl* pair(int src, int dst) const;
+  char* slot(int src, int dst, uint64_t piece) const;
   char* work(int rank) const;
   const Plan& plan_for(const algo::Algorithm& a, const algo::Params& p);
   void check_usable(const char* what) const;
@@ -94,10 +110,19 @@ class HostComm {
   bool peer_dead(int peer) const;
 
   void run_pieces(const CollArgs& a, const Plan& plan);
+  void debug_check(const CollArgs& a);
+  // Waits until `word` reaches target, for a peer's p2p counter; same timeout/dead-peer rules as wait_done.
+  void wait_word(WaitWord* w, uint32_t target, int peer);
 
   HostOptions opt_;
   ShmRegion shm_;
-  size_t data_offset_ = 0;
+  size_t work_offset_ = 0;
+  size_t pair_offset_ = 0;
+  size_t slot_offset_ = 0;
+  size_t slot_bytes_ = 0;
+  bool debug_checks_ = false;
+  std::vector<uint32_t> p2p_sent_;   // pieces this rank has sent to each peer
+  std::vector<uint32_t> p2p_recvd_;  // pieces this rank has received from each peer
   uint32_t done_ = 0;             // steps this rank has completed (mirrors its control word)
   std::vector<int> war_readers_;  // ranks that read from this rank during its last completed step
   uint64_t op_seq_ = 0;
