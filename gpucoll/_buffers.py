@@ -6,8 +6,7 @@ here: a tensor is recognised by its type's module, so NumPy-only users never pay
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from gpucoll.errors import InvalidArgument, Unsupported
 
@@ -31,17 +30,21 @@ _DTYPES = {
 SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
 
-@dataclass(frozen=True)
 class Buffer:
-    obj: Any
-    kind: str  # "numpy" | "torch"
-    ptr: int
-    count: int  # elements
-    dtype: Any  # gpucoll._C.DType
-    dtype_name: str
-    itemsize: int
-    shape: tuple
-    device: str  # "cpu" or "cuda:N"
+    """A resolved array: what the backends need to know about it. Built on every call, so kept light."""
+
+    __slots__ = ("obj", "kind", "ptr", "count", "dtype", "dtype_name", "itemsize", "shape", "device")
+
+    def __init__(self, obj, kind, ptr, count, dtype, dtype_name, itemsize, shape, device):
+        self.obj = obj
+        self.kind = kind  # "numpy" | "torch"
+        self.ptr = ptr
+        self.count = count  # elements
+        self.dtype = dtype  # gpucoll._C.DType
+        self.dtype_name = dtype_name
+        self.itemsize = itemsize
+        self.shape = shape
+        self.device = device  # "cpu" or "cuda:N"
 
     @property
     def nbytes(self) -> int:
@@ -82,12 +85,20 @@ def resolve(x, arg: str = "x", *, writable: bool = False) -> Buffer:
                           f"{type(x).__qualname__}")
 
 
+_NUMPY_DTYPES: dict = {}  # numpy dtype -> (DType, canonical name); filled on first use of each dtype
+
+
 def _resolve_numpy(x, arg: str, writable: bool) -> Buffer:
+    flags = x.flags
+    known = _NUMPY_DTYPES.get(x.dtype)
+    if known is not None and flags.c_contiguous and (flags.writeable or not writable):
+        return Buffer(x, "numpy", x.ctypes.data, x.size, known[0], known[1], x.itemsize, x.shape, "cpu")
     name = x.dtype.name
     if x.dtype.kind in "cOUSVMm" and name not in _DTYPES:
         raise Unsupported(f"{arg} has dtype {name}, which gpucoll does not support; expected one of "
                           f"{', '.join(SUPPORTED)}")
     dtype, canonical = _dtype_enum(name, arg)
+    _NUMPY_DTYPES[x.dtype] = (dtype, canonical)
     if not x.flags.c_contiguous:
         raise InvalidArgument(f"{arg} must be C-contiguous; got an array with shape {x.shape} and strides "
                               f"{x.strides} (use numpy.ascontiguousarray)")

@@ -18,13 +18,21 @@ ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, S
 _BLOCKED = (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER)
 
 
+_OP_CACHE: dict = {}
+
+
 def _parse_op(op):
+    try:
+        return _OP_CACHE[op]
+    except (KeyError, TypeError):
+        pass
     from gpucoll import _C
 
     if isinstance(op, _C.RedOp):
         return op
     if isinstance(op, str) and op.lower() in OPS:
-        return getattr(_C.RedOp, op.lower())
+        _OP_CACHE[op] = getattr(_C.RedOp, op.lower())
+        return _OP_CACHE[op]
     raise InvalidArgument(f"op must be one of {', '.join(OPS)}; got {op!r}")
 
 

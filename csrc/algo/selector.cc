@@ -79,6 +79,8 @@ std::string known_names() {
 }  // namespace
 
 CostParams host_cost_params() {
+  // Read once per process: this sits on every collective call with algo="auto".
+  static const CostParams cached = [] {
   CostParams cp;
   // Defaults fitted with bench/calibrate_host.py on the 2-core development machine (2026-11): a one-step
   // schedule on 2 ranks costs about 6 us of synchronisation; moving a byte (read + write, through caches)
@@ -87,6 +89,8 @@ CostParams host_cost_params() {
   cp.buffer_bytes = config_bytes("GPUCOLL_HOST_BUFFER_BYTES");
   cp.cores = online_cores();
   return cp;
+  }();
+  return cached;
 }
 
 Prediction predict(const Algorithm& a, Coll coll, int nranks, int64_t nbytes, int local_size, const CostParams& cp) {

@@ -16,6 +16,10 @@
 
 namespace gpucoll::host {
 
+namespace {
+constexpr size_t kMaxFused = 16;
+}  // namespace
+
 HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool create) : opt_(options) {
   GPUCOLL_CHECK_ARG(opt_.nranks >= 1, "world_size must be >= 1, got ", opt_.nranks);
   GPUCOLL_CHECK_ARG(opt_.rank >= 0 && opt_.rank < opt_.nranks, "rank must be in [0, ", opt_.nranks, "), got ",
@@ -345,15 +349,26 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
     for (const StepPlan& sp : plan.steps) {
       wait_war();
       for (int q : sp.raw_peers) wait_done(q, done_);
-      for (const algo::Op& op : sp.ops) {
-        const char* src = work(op.peer) + wchunk_off(op.src_chunk) * es;
+      const size_t nops = sp.ops.size();
+      for (size_t i = 0; i < nops;) {
+        const algo::Op& op = sp.ops[i];
         char* dst = op.dst == algo::Space::kWork ? my_work + wchunk_off(op.dst_chunk) * es : out_chunk(op.dst_chunk);
         const int64_t len = chunk_len(op.dst_chunk);
-        if (op.action == algo::Action::kCopy) {
-          copy_elems(dst, src, len, a.dtype);
-        } else {
-          reduce_into(dst, src, len, a.dtype, a.op);
+        // Fuse a run of ops into the same destination chunk (a copy followed by reduces, or reduces) into one
+        // multi-source pass, in the schedule's order.
+        size_t j = i + 1;
+        while (j < nops && j - i < kMaxFused && sp.ops[j].action == algo::Action::kReduce &&
+               sp.ops[j].dst == op.dst && sp.ops[j].dst_chunk == op.dst_chunk) {
+          ++j;
         }
+        if (j - i == 1 && op.action == algo::Action::kCopy) {
+          copy_elems(dst, work(op.peer) + wchunk_off(op.src_chunk) * es, len, a.dtype);
+        } else {
+          const void* srcs[kMaxFused];
+          for (size_t k = i; k < j; ++k) srcs[k - i] = work(sp.ops[k].peer) + wchunk_off(sp.ops[k].src_chunk) * es;
+          reduce_multi(dst, srcs, static_cast<int>(j - i), op.action == algo::Action::kReduce, len, a.dtype, a.op);
+        }
+        i = j;
       }
       complete_step(sp.readers);
     }

@@ -13,6 +13,12 @@ namespace gpucoll::host {
 void copy_elems(void* dst, const void* src, int64_t count, DType dtype) noexcept;
 // dst[i] = op(dst[i], src[i]); kAvg reduces as a sum (see avg_divide).
 void reduce_into(void* dst, const void* src, int64_t count, DType dtype, RedOp op) noexcept;
+// dst[i] = op(first, srcs[0][i], ..., srcs[n-1][i]) in one pass, accumulating in the accumulation type and
+// rounding once; first is dst[i] itself when include_dst, else srcs[0][i] (then srcs[0] is not re-applied).
+// Used when a schedule step reduces several sources into one chunk: one pass reads every source once and
+// writes the destination once, instead of reading and writing it per source.
+void reduce_multi(void* dst, const void* const* srcs, int nsrcs, bool include_dst, int64_t count, DType dtype,
+                  RedOp op) noexcept;
 // avg's last step on a finished sum: divide by n (floats, rounded once) or truncate (integers).
 void avg_divide(void* data, int64_t count, DType dtype, int n) noexcept;
 
