@@ -1,6 +1,13 @@
 #include "algo/registry.h"
 
 #include "algo/ring.h"
+#include "algo/double_binary_tree.h"
+#include "algo/one_shot.h"
+#include "algo/two_shot.h"
+#include "algo/direct.h"
+#include "algo/tree.h"
+#include "algo/halving_doubling.h"
+#include "algo/hierarchical.h"
 
 namespace gpucoll::algo {
 
@@ -8,6 +15,13 @@ const std::vector<const Algorithm*>& algorithms() {
   // One line per algorithm; the order is the order `explain` lists them in.
   static const std::vector<const Algorithm*> all = {
       algorithm_entry<Ring>(),
+      algorithm_entry<Tree>(),
+      algorithm_entry<HalvingDoubling>(),
+      algorithm_entry<Hierarchical>(),
+      algorithm_entry<DoubleBinaryTree>(),
+      algorithm_entry<OneShot>(),
+      algorithm_entry<TwoShot>(),
+      algorithm_entry<Direct>(),
   };
   return all;
 }
