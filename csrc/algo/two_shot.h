@@ -5,15 +5,14 @@
 //     order is fixed: its own input first (it is already in place), then the peers in ascending rank order
 //     skipping r, i.e. x_r + x_0 + x_1 + ... - deterministic from run to run. (It is not the 0..P-1 order of
 //     one-shot for r >= 2: without a scratch chunk the accumulator has to start from the owner's input.)
-//   step 1 (all-gather): rank r copies chunk p from rank p, for every p != r. Every rank thus ends up with
-//     the owner's bits for each chunk, identical everywhere.
-// reduce_scatter is step 0 alone (copy-out takes chunk r), all_gather is step 1 alone (copy-in put each
-// rank's block at chunk r, which is its own chunk). Result in the work buffer.
+//   step 1 (all-gather): rank r copies chunk p from rank p, for every p (itself included), straight into its
+//     output. Every rank thus ends up with the owner's bits for each chunk, identical everywhere, and no
+//     copy-out pass is needed: on shared memory that saves a read and a write of the whole message.
+// reduce_scatter is step 0 alone (result in the work buffer, copy-out takes chunk r), all_gather is step 1
+// alone (copy-in put each rank's block at chunk r, which is its own chunk; result in the output).
 //
 // No same-step read/write race: in step 0 rank r writes only chunk r of its own buffer and peers read only
-// chunks q != r of it; in step 1 rank r writes chunks p != r of its own buffer and peers read only its chunk
-// r. Across the steps the executor's WAR rule holds rank r's step-1 writes of chunk p until rank p, which
-// read that chunk in step 0, has completed step 0.
+// chunks q != r of it; in step 1 nobody writes a work buffer at all (every write goes to the private output).
 //
 // Cost in the a + b*l model: 2 steps; every rank sends and receives 2(P-1)/P*N bytes - the ring's volume,
 // the minimum for all_reduce - with 2 synchronisations instead of the ring's 2(P-1). Where a step's reads
@@ -39,8 +38,8 @@ struct TwoShot {
     Shape s;
     s.nchunks = p.nranks;
     s.nsteps = p.coll == Coll::kAllReduce ? 2 : 1;
-    s.max_ops = p.nranks > 1 ? p.nranks - 1 : 1;
-    s.result = Space::kWork;
+    s.max_ops = p.nranks;
+    s.result = p.coll == Coll::kReduceScatter ? Space::kWork : Space::kOut;
     return s;
   }
 
@@ -49,9 +48,12 @@ struct TwoShot {
     const bool reduce_phase = p.coll == Coll::kReduceScatter || (p.coll == Coll::kAllReduce && step == 0);
     int n = 0;
     for (int32_t q = 0; q < P; ++q) {
-      if (q == rank) continue;
-      // Reduce-scatter pulls the peer's copy of my chunk; all-gather pulls the peer's own chunk.
-      out[n++] = reduce_phase ? make_op(q, rank, rank, Action::kReduce) : make_op(q, q, q, Action::kCopy);
+      // Reduce-scatter pulls the peer's copy of my chunk; all-gather pulls each owner's chunk into the output.
+      if (reduce_phase) {
+        if (q != rank) out[n++] = make_op(q, rank, rank, Action::kReduce);
+      } else {
+        out[n++] = make_op(q, q, q, Action::kCopy, Space::kOut);
+      }
     }
     return n;
   }

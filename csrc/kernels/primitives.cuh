@@ -63,9 +63,7 @@ GPUCOLL_HD inline PackSplit pack_split(size_t count, const void* const* ptrs, in
   return s;
 }
 
-__device__ GPUCOLL_INLINE size_t global_thread() {
-  return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
+__device__ GPUCOLL_INLINE size_t global_thread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ GPUCOLL_INLINE size_t grid_threads() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 
 __device__ GPUCOLL_INLINE uint4 load_pack(const void* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -102,8 +100,7 @@ __device__ GPUCOLL_INLINE uint4 reduce_pack(uint4 a, uint4 b, Op op, Fin fin) {
 constexpr int kUnroll = 4;
 
 template <class T, class Op, class Fin>
-__device__ GPUCOLL_INLINE void reduce_scalar(T* dst, const T* a, const T* b, size_t begin, size_t end, Op op,
-                                             Fin fin) {
+__device__ GPUCOLL_INLINE void reduce_scalar(T* dst, const T* a, const T* b, size_t begin, size_t end, Op op, Fin fin) {
   for (size_t i = begin + global_thread(); i < end; i += grid_threads()) dst[i] = fin(combine(a[i], b[i], op));
 }
 

@@ -1,11 +1,10 @@
 // Element-wise reduce and copy kernels, instantiated for every dtype x op through core/dispatch.h.
-#include "kernels/reduce.h"
-
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "kernels/primitives.cuh"
+#include "kernels/reduce.h"
 
 namespace gpucoll::cuda {
 namespace {
@@ -72,7 +71,8 @@ cudaError_t launch_reduce_typed(void* dst, const void* a, const void* b, size_t 
   const void* ptrs[3] = {dst, a, b};
   const PackSplit split = pack_split<T>(count, ptrs, 3);
   auto kernel = reduce_kernel<T, Op, Fin>;
-  const unsigned int blocks = blocks_for(work_items(count, split, Pack<T>::kElems), reinterpret_cast<const void*>(kernel));
+  const unsigned int blocks =
+      blocks_for(work_items(count, split, Pack<T>::kElems), reinterpret_cast<const void*>(kernel));
   kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
                                           count, split, op, fin);
   return cudaGetLastError();
@@ -83,7 +83,8 @@ cudaError_t launch_copy_typed(void* dst, const void* src, size_t count, cudaStre
   const void* ptrs[2] = {dst, src};
   const PackSplit split = pack_split<T>(count, ptrs, 2);
   auto kernel = copy_kernel<T>;
-  const unsigned int blocks = blocks_for(work_items(count, split, Pack<T>::kElems), reinterpret_cast<const void*>(kernel));
+  const unsigned int blocks =
+      blocks_for(work_items(count, split, Pack<T>::kElems), reinterpret_cast<const void*>(kernel));
   kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src), count, split);
   return cudaGetLastError();
 }

@@ -63,9 +63,9 @@ py::dict cuda_probe_dict() {
     probe = cuda_probe();
 #ifdef GPUCOLL_WITH_CUDA
     runtime_version = gpucoll::cuda::runtime_version();
-    // Only ask the runtime when the driver works: with no driver it can say nothing the probe has not, and
-    // its error text (cudaErrorInsufficientDriver) is misleading on a machine that simply has no GPU.
-    if (probe.driver_available) runtime_count = gpucoll::cuda::device_count(&runtime_why);
+    // The runtime's own view, asked even without a driver (it then answers cudaErrorInsufficientDriver):
+    // it is what kernels launched by this build will see, e.g. a driver too old for the runtime.
+    runtime_count = gpucoll::cuda::device_count(&runtime_why);
 #endif
   }
   py::dict d;
@@ -140,15 +140,14 @@ void bind_runtime(py::module_& m) {
       py::arg("candidates") = std::vector<std::string>{},
       "Load NCCL once (GPUCOLL_NCCL_LIBRARY, the process, the given wheel paths, the system) and return the "
       "state. Never raises for a missing NCCL.");
-  m.def(
-      "nccl_state", []() { return nccl_dict(nccl_state()); }, "The NCCL loader's state, without loading.");
+  m.def("nccl_state", []() { return nccl_dict(nccl_state()); }, "The NCCL loader's state, without loading.");
 
   // Test hooks: exercise the loaded function table and nccl_check's messages without a GPU.
   m.def(
       "_nccl_check",
       [](int result, const std::string& call) {
-        return static_cast<int>(nccl_check(static_cast<ncclResult_t>(result), call.c_str(), nullptr, __FILE__,
-                                           __LINE__));
+        return static_cast<int>(
+            nccl_check(static_cast<ncclResult_t>(result), call.c_str(), nullptr, __FILE__, __LINE__));
       },
       py::arg("result"), py::arg("call"));
   m.def("_nccl_unique_id", []() {

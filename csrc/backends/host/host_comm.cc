@@ -89,8 +89,9 @@ char* HostComm::slot(int src, int dst, uint64_t piece) const {
   return static_cast<char*>(shm_.data()) + slot_offset_ + stride * index;
 }
 
-char* HostComm::work(int rank) const {
-  return static_cast<char*>(shm_.data()) + work_offset_ + static_cast<size_t>(opt_.buffer_bytes) * rank;
+char* HostComm::work(int rank, int half) const {
+  return static_cast<char*>(shm_.data()) + work_offset_ + static_cast<size_t>(opt_.buffer_bytes) * rank +
+         static_cast<size_t>(opt_.buffer_bytes / 2) * half;
 }
 
 void HostComm::wait_attached() {
@@ -210,15 +211,21 @@ void HostComm::wait_word(WaitWord* w, uint32_t target, int peer) {
   }
 }
 
-void HostComm::wait_war() {
-  for (int q : war_readers_) wait_done(q, done_);
+void HostComm::wait_war(int half) {
+  const War& w = war_[half];
+  for (int q : w.readers) wait_done(q, w.target);
 }
 
-void HostComm::complete_step(const std::vector<int>& readers_of_this_step) {
+void HostComm::complete_step(const std::vector<int>& readers, int half) {
+  complete_sync_step();
+  war_[half].target = done_;
+  war_[half].readers = readers;
+}
+
+void HostComm::complete_sync_step() {
   ++done_;
   // seq_cst store publishes every write of this step (release) before peers see the new count.
   publish(&ctl(opt_.rank)->done, done_);
-  war_readers_ = readers_of_this_step;
 }
 
 void HostComm::fail(const char* what) noexcept {
@@ -297,7 +304,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
   const int nchunks = plan.shape.nchunks;
   GPUCOLL_INTERNAL_CHECK(!blocked || nchunks == P);
   const int64_t es = static_cast<int64_t>(dtype_size(a.dtype));
-  const int64_t cap = opt_.buffer_bytes / es;  // elements per work buffer
+  const int64_t cap = opt_.buffer_bytes / 2 / es;  // elements per work-buffer half
   const int64_t seg = std::max<int64_t>(opt_.segment_bytes / es, 1);
   const int64_t n = a.count;
   // Piece length: of the full vector (non-blocked) or of each rank's block (blocked). Aim for chunks of about
@@ -309,10 +316,10 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
   const bool gets_result = !rooted || coll == Coll::kBroadcast || coll == Coll::kScatter || is_root;
   const char* in = static_cast<const char*>(a.in);
   char* out = static_cast<char*>(a.out);
-  char* my_work = work(me);
-
   for (int64_t begin = 0; begin < n; begin += piece) {
     const int64_t L = std::min(piece, n - begin);
+    const int half = static_cast<int>(pieces_++ % 2);
+    char* my_work = work(me, half);
     auto wchunk_off = [&](int c) { return blocked ? c * L : algo::chunk_begin(L, nchunks, c); };
     auto chunk_len = [&](int c) { return blocked ? L : algo::chunk_begin(L, nchunks, c + 1) - wchunk_off(c); };
     auto out_chunk = [&](int c) -> char* {
@@ -322,7 +329,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
     };
 
     // Copy-in is a step of its own: peers read this rank's work buffer only after it completes.
-    wait_war();
+    wait_war(half);
     switch (coll) {
       case Coll::kAllReduce:
       case Coll::kReduce:
@@ -344,10 +351,10 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
         }
         break;
     }
-    complete_step({});
+    complete_step({}, half);
 
     for (const StepPlan& sp : plan.steps) {
-      wait_war();
+      wait_war(half);
       for (int q : sp.raw_peers) wait_done(q, done_);
       const size_t nops = sp.ops.size();
       for (size_t i = 0; i < nops;) {
@@ -362,15 +369,15 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
           ++j;
         }
         if (j - i == 1 && op.action == algo::Action::kCopy) {
-          copy_elems(dst, work(op.peer) + wchunk_off(op.src_chunk) * es, len, a.dtype);
+          copy_elems(dst, work(op.peer, half) + wchunk_off(op.src_chunk) * es, len, a.dtype);
         } else {
           const void* srcs[kMaxFused];
-          for (size_t k = i; k < j; ++k) srcs[k - i] = work(sp.ops[k].peer) + wchunk_off(sp.ops[k].src_chunk) * es;
+          for (size_t k = i; k < j; ++k) srcs[k - i] = work(sp.ops[k].peer, half) + wchunk_off(sp.ops[k].src_chunk) * es;
           reduce_multi(dst, srcs, static_cast<int>(j - i), op.action == algo::Action::kReduce, len, a.dtype, a.op);
         }
         i = j;
       }
-      complete_step(sp.readers);
+      complete_step(sp.readers, half);
     }
 
     // Copy-out reads only this rank's own buffer, which no peer writes: no step needed.
@@ -392,8 +399,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
 void HostComm::barrier() {
   begin_op("barrier");
   try {
-    wait_war();
-    complete_step({});
+    complete_sync_step();
     for (int q = 0; q < opt_.nranks; ++q) {
       if (q != opt_.rank) wait_done(q, done_);
     }
@@ -414,8 +420,7 @@ void HostComm::debug_check(const CollArgs& a) {
   mine.root = algo::coll_is_rooted(a.coll) ? a.root : -1;
   mine.count = a.count;
   mine.seq = op_seq_;
-  wait_war();
-  complete_step({});
+  complete_sync_step();
   for (int q = 0; q < opt_.nranks; ++q) {
     if (q != opt_.rank) wait_done(q, done_);
   }

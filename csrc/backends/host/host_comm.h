@@ -97,14 +97,20 @@ class HostComm {
   Ctl* ctl(int rank) const;
   PairCtl* pair(int src, int dst) const;
   char* slot(int src, int dst, uint64_t piece) const;
-  char* work(int rank) const;
+  // Each work buffer is two halves used by alternate pieces: a piece's copy-in then only waits for the
+  // readers of the piece before last, which are long done, instead of the readers of the piece just run.
+  char* work(int rank, int half) const;
   const Plan& plan_for(const algo::Algorithm& a, const algo::Params& p);
   void check_usable(const char* what) const;
   void begin_op(const char* what);
   // Waits until rank `peer` has completed `target` steps; raises a timeout or remote error instead of hanging.
   void wait_done(int peer, uint32_t target);
-  void complete_step(const std::vector<int>& readers_of_this_step);
-  void wait_war();
+  // Ends a step that wrote work-buffer half `half`; `readers` read this rank's buffer during it.
+  void complete_step(const std::vector<int>& readers, int half);
+  // Ends a step that touched no buffer (barrier, debug check).
+  void complete_sync_step();
+  // Waits until every rank that last read half `half` of this rank's buffer has completed that step.
+  void wait_war(int half);
   void fail(const char* what) noexcept;
   [[noreturn]] void raise_timeout(int peer);
   bool peer_dead(int peer) const;
@@ -124,7 +130,12 @@ class HostComm {
   std::vector<uint32_t> p2p_sent_;   // pieces this rank has sent to each peer
   std::vector<uint32_t> p2p_recvd_;  // pieces this rank has received from each peer
   uint32_t done_ = 0;             // steps this rank has completed (mirrors its control word)
-  std::vector<int> war_readers_;  // ranks that read from this rank during its last completed step
+  struct War {
+    uint32_t target = 0;       // the step count readers must reach
+    std::vector<int> readers;  // ranks that read the half at that step
+  };
+  War war_[2];
+  uint64_t pieces_ = 0;  // pieces run so far; its parity picks the work-buffer half
   uint64_t op_seq_ = 0;
   const char* current_ = "init";
   int64_t deadline_ns_ = 0;

@@ -172,11 +172,10 @@ using PFN_ncclCommGetAsyncError = ncclResult_t (*)(ncclComm_t comm, ncclResult_t
 using PFN_ncclCommCount = ncclResult_t (*)(const ncclComm_t comm, int* count);
 using PFN_ncclCommCuDevice = ncclResult_t (*)(const ncclComm_t comm, int* device);
 using PFN_ncclCommUserRank = ncclResult_t (*)(const ncclComm_t comm, int* rank);
-using PFN_ncclAllReduce = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count,
-                                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                           NcclStream stream);
-using PFN_ncclBroadcast = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count,
-                                           ncclDataType_t datatype, int root, ncclComm_t comm, NcclStream stream);
+using PFN_ncclAllReduce = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                           ncclRedOp_t op, ncclComm_t comm, NcclStream stream);
+using PFN_ncclBroadcast = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                           int root, ncclComm_t comm, NcclStream stream);
 using PFN_ncclReduce = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                         ncclRedOp_t op, int root, ncclComm_t comm, NcclStream stream);
 using PFN_ncclAllGather = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t sendcount,
@@ -186,51 +185,51 @@ using PFN_ncclReduceScatter = ncclResult_t (*)(const void* sendbuff, void* recvb
                                                NcclStream stream);
 using PFN_ncclSend = ncclResult_t (*)(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                                       ncclComm_t comm, NcclStream stream);
-using PFN_ncclRecv = ncclResult_t (*)(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                      ncclComm_t comm, NcclStream stream);
+using PFN_ncclRecv = ncclResult_t (*)(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                                      NcclStream stream);
 using PFN_ncclGroupStart = ncclResult_t (*)();
 using PFN_ncclGroupEnd = ncclResult_t (*)();
 using PFN_ncclRedOpCreatePreMulSum = ncclResult_t (*)(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                                       ncclScalarResidence_t residence, ncclComm_t comm);
 using PFN_ncclRedOpDestroy = ncclResult_t (*)(ncclRedOp_t op, ncclComm_t comm);
 // Entry points added in NCCL 2.28; absent from older libraries.
-using PFN_ncclAlltoAll = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count,
-                                          ncclDataType_t datatype, ncclComm_t comm, NcclStream stream);
+using PFN_ncclAlltoAll = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                          ncclComm_t comm, NcclStream stream);
 using PFN_ncclGather = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                         int root, ncclComm_t comm, NcclStream stream);
-using PFN_ncclScatter = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count,
-                                         ncclDataType_t datatype, int root, ncclComm_t comm, NcclStream stream);
+using PFN_ncclScatter = ncclResult_t (*)(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                         int root, ncclComm_t comm, NcclStream stream);
 }
 
 // X(name, required): the table nccl_loader.cc resolves. A required symbol that is missing makes the library
 // unusable (reported, not thrown); an optional one is left null and callers check it.
-#define GPUCOLL_NCCL_FUNCTIONS(X)  \
-  X(ncclGetVersion, true)          \
-  X(ncclGetErrorString, true)      \
-  X(ncclGetLastError, true)        \
-  X(ncclGetUniqueId, true)         \
-  X(ncclCommInitRank, true)        \
-  X(ncclCommInitRankConfig, true)  \
-  X(ncclCommFinalize, true)        \
-  X(ncclCommDestroy, true)         \
-  X(ncclCommAbort, true)           \
-  X(ncclCommGetAsyncError, true)   \
-  X(ncclCommCount, true)           \
-  X(ncclCommCuDevice, true)        \
-  X(ncclCommUserRank, true)        \
-  X(ncclAllReduce, true)           \
-  X(ncclBroadcast, true)           \
-  X(ncclReduce, true)              \
-  X(ncclAllGather, true)           \
-  X(ncclReduceScatter, true)       \
-  X(ncclSend, true)                \
-  X(ncclRecv, true)                \
-  X(ncclGroupStart, true)          \
-  X(ncclGroupEnd, true)            \
+#define GPUCOLL_NCCL_FUNCTIONS(X)   \
+  X(ncclGetVersion, true)           \
+  X(ncclGetErrorString, true)       \
+  X(ncclGetLastError, true)         \
+  X(ncclGetUniqueId, true)          \
+  X(ncclCommInitRank, true)         \
+  X(ncclCommInitRankConfig, true)   \
+  X(ncclCommFinalize, true)         \
+  X(ncclCommDestroy, true)          \
+  X(ncclCommAbort, true)            \
+  X(ncclCommGetAsyncError, true)    \
+  X(ncclCommCount, true)            \
+  X(ncclCommCuDevice, true)         \
+  X(ncclCommUserRank, true)         \
+  X(ncclAllReduce, true)            \
+  X(ncclBroadcast, true)            \
+  X(ncclReduce, true)               \
+  X(ncclAllGather, true)            \
+  X(ncclReduceScatter, true)        \
+  X(ncclSend, true)                 \
+  X(ncclRecv, true)                 \
+  X(ncclGroupStart, true)           \
+  X(ncclGroupEnd, true)             \
   X(ncclRedOpCreatePreMulSum, true) \
-  X(ncclRedOpDestroy, true)        \
-  X(ncclAlltoAll, false)           \
-  X(ncclGather, false)             \
+  X(ncclRedOpDestroy, true)         \
+  X(ncclAlltoAll, false)            \
+  X(ncclGather, false)              \
   X(ncclScatter, false)
 
 }  // namespace gpucoll

@@ -17,9 +17,9 @@ namespace {
 constexpr const char* kSoname = "libnccl.so.2";
 constexpr const char* kEnvVar = "GPUCOLL_NCCL_LIBRARY";
 
-std::mutex g_mu;                           // guards g_state and g_tried_wheels
-NcclLibrary g_state;                       // the last search's outcome
-std::set<std::string> g_tried_wheels;      // wheel paths the searches so far have seen
+std::mutex g_mu;                                    // guards g_state and g_tried_wheels
+NcclLibrary g_state;                                // the last search's outcome
+std::set<std::string> g_tried_wheels;               // wheel paths the searches so far have seen
 std::atomic<const NcclLibrary*> g_loaded{nullptr};  // published once, never freed
 
 std::string dl_error(const char* fallback) {
@@ -39,11 +39,12 @@ std::string mapped_path(void* handle, const std::string& fallback) {
 
 // Opens one candidate and fills `lib` when it is usable. On failure returns false with `error` set and
 // leaves nothing open.
-bool try_library(const std::string& name, int flags, const char* not_found, NcclLibrary* lib, std::string* error) {
-  dlerror();  // clear a stale message so that a NULL from RTLD_NOLOAD is not blamed on an earlier call
+bool try_library(const std::string& name, int flags, NcclLibrary* lib, std::string* error) {
+  dlerror();
   void* handle = dlopen(name.c_str(), flags);
   if (handle == nullptr) {
-    *error = dl_error(not_found);
+    // glibc's message for an RTLD_NOLOAD miss ("cannot open shared object file") would read as a failure.
+    *error = (flags & RTLD_NOLOAD) != 0 ? std::string("not loaded in this process") : dl_error("dlopen failed");
     return false;
   }
   const std::string path = mapped_path(handle, name);
@@ -71,14 +72,14 @@ bool try_library(const std::string& name, int flags, const char* not_found, Nccl
   }
   std::string missing;
   std::vector<std::string> missing_optional;
-#define GPUCOLL_NCCL_RESOLVE(name, required)                                  \
-  fn.name = reinterpret_cast<PFN_##name>(dlsym(handle, #name));               \
-  if (fn.name == nullptr) {                                                   \
-    if (required) {                                                           \
-      missing += missing.empty() ? #name : ", " #name;                        \
-    } else {                                                                  \
-      missing_optional.emplace_back(#name);                                   \
-    }                                                                         \
+#define GPUCOLL_NCCL_RESOLVE(name, required)                    \
+  fn.name = reinterpret_cast<PFN_##name>(dlsym(handle, #name)); \
+  if (fn.name == nullptr) {                                     \
+    if (required) {                                             \
+      missing += missing.empty() ? #name : ", " #name;          \
+    } else {                                                    \
+      missing_optional.emplace_back(#name);                     \
+    }                                                           \
   }
   GPUCOLL_NCCL_FUNCTIONS(GPUCOLL_NCCL_RESOLVE)
 #undef GPUCOLL_NCCL_RESOLVE
@@ -101,14 +102,16 @@ bool try_library(const std::string& name, int flags, const char* not_found, Nccl
 NcclLibrary search(const std::vector<std::string>& wheels) {
   NcclLibrary lib;
   lib.attempted = true;
-  auto attempt = [&](const std::string& name, int flags, const char* source, const char* not_found) {
+  std::string summary;  // "source name: error; ..." for the reason
+  auto attempt = [&](const std::string& name, int flags, const char* source) {
     std::string error;
-    const bool ok = try_library(name, flags, not_found, &lib, &error);
+    const bool ok = try_library(name, flags, &lib, &error);
     lib.tried.emplace_back(name, ok ? std::string() : error);
     if (ok) {
       lib.source = source;
     } else {
       GPUCOLL_DEBUG("NCCL candidate ", name, " (", source, "): ", error);
+      summary += (summary.empty() ? "" : "; ") + std::string(source) + " " + name + ": " + error;
     }
     return ok;
   };
@@ -117,26 +120,20 @@ NcclLibrary search(const std::vector<std::string>& wheels) {
   constexpr int kFlags = RTLD_NOW | RTLD_LOCAL;
   if (config_is_set(kEnvVar)) {
     const std::string path = config_raw(kEnvVar);
-    if (!attempt(path, kFlags, kEnvVar, "dlopen failed")) {
+    if (!attempt(path, kFlags, kEnvVar)) {
       lib.reason = std::string(kEnvVar) + "=" + path + " cannot be used: " + lib.tried.back().second +
                    ". gpucoll does not fall back to another NCCL when this variable is set; fix the path or "
                    "unset it to search the process, installed wheels and the system loader.";
     }
     return lib;
   }
-  if (attempt(kSoname, kFlags | RTLD_NOLOAD, "process", "not loaded in this process")) return lib;
+  if (attempt(kSoname, kFlags | RTLD_NOLOAD, "process")) return lib;
   for (const std::string& w : wheels) {
-    if (attempt(w, kFlags, "wheel", "dlopen failed")) return lib;
+    if (attempt(w, kFlags, "wheel")) return lib;
   }
-  if (attempt(kSoname, kFlags, "system", "dlopen failed")) return lib;
-
-  std::string why = "no usable NCCL found (minimum " + nccl_version_string(kNcclMinVersion) + "); tried: ";
-  for (size_t i = 0; i < lib.tried.size(); ++i) {
-    if (i > 0) why += "; ";
-    why += lib.tried[i].first + ": " + lib.tried[i].second;
-  }
-  if (wheels.empty()) why += "; no nvidia-nccl-cu13/-cu12 wheel was found";
-  lib.reason = why;
+  if (wheels.empty()) summary += "; wheel: no nvidia-nccl-cu13/-cu12 wheel found";
+  if (attempt(kSoname, kFlags, "system")) return lib;
+  lib.reason = "no usable NCCL found (minimum " + nccl_version_string(kNcclMinVersion) + "): " + summary;
   return lib;
 }
 
@@ -238,9 +235,7 @@ ncclResult_t nccl_check(ncclResult_t result, const char* call, ncclComm_t comm, 
     const char* last = lib->fn.ncclGetLastError(comm);
     if (last != nullptr && last[0] != '\0') msg += std::string("; NCCL's last error: ") + last;
   }
-  if (result == ncclUnhandledCudaError || result == ncclSystemError || result == ncclInternalError) {
-    msg += "; run with NCCL_DEBUG=WARN (or INFO) for NCCL's own log";
-  }
+  if (msg.find("NCCL_DEBUG") == std::string::npos) msg += "; NCCL_DEBUG=WARN (or INFO) prints NCCL's own log";
   throw Error(ErrorCode::kNccl, msg, call, file != nullptr ? file : __FILE__, file != nullptr ? line : __LINE__);
 }
 

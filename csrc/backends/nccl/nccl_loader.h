@@ -35,11 +35,11 @@ struct NcclFunctions {
 struct NcclLibrary {
   bool attempted = false;  // false until the first nccl_load()
   bool loaded = false;
-  std::string path;    // file that was loaded (as the dynamic loader resolved it)
-  std::string source;  // "GPUCOLL_NCCL_LIBRARY", "process", "wheel" or "system"
-  int version = 0;     // ncclGetVersion code, e.g. 23203
+  std::string path;            // file that was loaded (as the dynamic loader resolved it)
+  std::string source;          // "GPUCOLL_NCCL_LIBRARY", "process", "wheel" or "system"
+  int version = 0;             // ncclGetVersion code, e.g. 23203
   std::string version_string;  // "2.32.3"
-  std::string reason;  // why not loaded; empty when loaded
+  std::string reason;          // why not loaded; empty when loaded
   // Every attempt in order: (what was opened, error or "" for the one that loaded).
   std::vector<std::pair<std::string, std::string>> tried;
   std::vector<std::string> missing_optional;  // optional entry points this library lacks
@@ -72,8 +72,8 @@ const char* nccl_result_name(ncclResult_t result);
 // are returned; anything else throws Error(kNccl) whose message holds the call, ncclGetErrorString and
 // ncclGetLastError's text. Pass the communicator when there is one (NCCL keeps its last error per thread
 // today, but the API takes the comm).
-ncclResult_t nccl_check(ncclResult_t result, const char* call, ncclComm_t comm = nullptr,
-                        const char* file = nullptr, int line = 0);
+ncclResult_t nccl_check(ncclResult_t result, const char* call, ncclComm_t comm = nullptr, const char* file = nullptr,
+                        int line = 0);
 
 // Calls lib.fn.NAME(args...) and checks it, naming NAME and the call site:
 //   GPUCOLL_NCCL_CALL(lib, ncclAllReduce, send, recv, n, dt, op, comm, stream);

@@ -1,0 +1,194 @@
+"""``python -m gpucoll info``: what this installation can do here, and why not where it cannot.
+
+Reads everything without importing torch or CuPy (their versions come from package metadata), so it works
+and stays fast in any environment, including one whose GPU stack is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.metadata
+import json
+import platform
+import sys
+
+from gpucoll._version import __version__
+
+# Versions reported when installed. CuPy ships under one distribution name per CUDA major.
+PACKAGES = (
+    "numpy",
+    "torch",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "cupy",
+    "mpi4py",
+    "mpich",
+    "nvidia-nccl-cu13",
+    "nvidia-nccl-cu12",
+)
+
+
+def _native():
+    """gpucoll._C, or the error text when the native core cannot be imported."""
+    try:
+        from gpucoll import _C
+
+        return _C, ""
+    except ImportError as exc:  # a broken build must still be diagnosable
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _nvml() -> dict:
+    """Whether NVML (libnvidia-ml.so.1, shipped with the driver) can be loaded and initialised."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        return {"available": False, "reason": f"libnvidia-ml.so.1 not loadable: {exc}"}
+    init = getattr(lib, "nvmlInit_v2", None) or getattr(lib, "nvmlInit", None)
+    if init is None:
+        return {"available": False, "reason": "libnvidia-ml.so.1 has no nvmlInit"}
+    rc = init()
+    if rc != 0:
+        text = ""
+        err = getattr(lib, "nvmlErrorString", None)
+        if err is not None:
+            err.restype = ctypes.c_char_p
+            text = (err(rc) or b"").decode(errors="replace")
+        return {"available": False, "reason": f"nvmlInit failed: {text or 'error'} ({rc})"}
+    version = ""
+    get_version = getattr(lib, "nvmlSystemGetDriverVersion", None)
+    if get_version is not None:
+        buf = ctypes.create_string_buffer(96)
+        if get_version(buf, ctypes.c_uint(len(buf))) == 0:
+            version = buf.value.decode(errors="replace")
+    shutdown = getattr(lib, "nvmlShutdown", None)
+    if shutdown is not None:
+        shutdown()
+    return {"available": True, "reason": "", "driver_version": version}
+
+
+def _packages() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def collect() -> dict:
+    """Everything `gpucoll info` reports, as JSON-serialisable data."""
+    from gpucoll import _nccl
+
+    info = {
+        "gpucoll": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "native": None,
+        "build": None,
+        "cuda": None,
+        "nccl": None,
+        "nvml": _nvml(),
+        "config": [],
+        "packages": _packages(),
+    }
+    C, error = _native()
+    if C is None:
+        info["native"] = {"importable": False, "reason": error}
+        info["nccl"] = {
+            "loaded": False,
+            "reason": f"native core not importable: {error}",
+            "install_hint": "rebuild gpucoll first (pip install --no-build-isolation -e . in a checkout)",
+        }
+        return info
+    info["native"] = {"importable": True, "reason": ""}
+    info["build"] = dict(C.build_info())
+    cuda = dict(C.cuda_probe())
+    cuda["devices"] = [dict(d) for d in cuda["devices"]]
+    info["cuda"] = cuda
+    nccl = _nccl.load()
+    nccl["tried"] = [list(t) for t in nccl["tried"]]
+    if not nccl["loaded"]:
+        nccl["install_hint"] = _nccl.install_hint(cuda.get("driver_version"))
+    info["nccl"] = nccl
+    info["config"] = [dict(v) for v in C.config_vars()]
+    return info
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def format_text(info: dict) -> str:
+    lines = [f"gpucoll {info['gpucoll']}  (Python {info['python']}, {info['platform']})"]
+    native = info["native"]
+    if not native["importable"]:
+        lines.append(f"native core: NOT importable: {native['reason']}")
+    build = info["build"]
+    if build is not None:
+        if build["cuda_built"]:
+            archs = build["cuda_archs"] or "?"
+            lines.append(f"build: CUDA on (archs {archs}), compiler {build['compiler']}")
+        else:
+            lines.append(f"build: CUDA off (host-only), compiler {build['compiler']}")
+    cuda = info["cuda"]
+    if cuda is not None:
+        runtime = cuda["runtime_version_string"] or "none (built without CUDA)"
+        if cuda["driver_version"]:
+            driver = f"{cuda['driver_version_string']} ({cuda['driver_path'] or 'libcuda.so.1'})"
+        else:
+            driver = "none"
+        lines.append(f"CUDA runtime: {runtime}")
+        lines.append(f"CUDA driver: {driver}")
+        if cuda["device_count"]:
+            lines.append(f"CUDA devices: {cuda['device_count']}")
+            for d in cuda["devices"]:
+                lines.append(
+                    f"  [{d['index']}] {d['name']}  sm_{d['major']}{d['minor']}  "
+                    f"{_fmt_bytes(d['total_memory'])}  {d['pci_bus_id']}"
+                )
+            if cuda["runtime_device_count"] == 0:  # e.g. a driver older than the runtime gpucoll was built with
+                lines.append(f"  but this build's CUDA runtime cannot use them: {cuda['runtime_reason']}")
+        else:
+            lines.append(f"CUDA devices: 0 ({cuda['reason']})")
+    nccl = info["nccl"]
+    if nccl.get("loaded"):
+        lines.append(f"NCCL: {nccl['version_string']} from {nccl['path']} ({nccl['source']})")
+        if nccl.get("missing_optional"):
+            lines.append(f"  (lacks the optional {', '.join(nccl['missing_optional'])})")
+    else:
+        lines.append(f"NCCL: not available: {nccl['reason']}")
+        lines.append(f"  install: {nccl['install_hint']}")
+    nvml = info["nvml"]
+    if nvml["available"]:
+        lines.append(f"NVML: available (driver {nvml.get('driver_version') or '?'})")
+    else:
+        lines.append(f"NVML: not available: {nvml['reason']}")
+    if info["config"]:
+        lines.append("configuration (GPUCOLL_*):")
+        for v in info["config"]:
+            shown = v["value"] if v["value"] != "" else "(empty)"
+            origin = "set" if v["is_set"] else "default"
+            lines.append(f"  {v['name']} = {shown}  [{v['type']}, {origin}]")
+            lines.append(f"      {v['description']}")
+    if info["packages"]:
+        lines.append("packages: " + ", ".join(f"{k} {v}" for k, v in info["packages"].items()))
+    else:
+        lines.append("packages: none of " + ", ".join(PACKAGES))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpucoll info", description="Report gpucoll's build, CUDA, NCCL and configuration."
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = parser.parse_args(argv)
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(format_text(info))
+    return 0
