@@ -28,11 +28,12 @@ const std::vector<ConfigVar>& config_vars() {
        "Ranks compare (collective, dtype, count, root, op) before each operation and raise the same error on "
        "every rank on a mismatch."},
       {"GPUCOLL_HOST_BUFFER_BYTES", VarType::kBytes, "16M",
-       "Shared-memory staging buffer per rank of the host backend; larger messages are processed in pieces of "
-       "this size."},
+       "Shared-memory work buffer per rank of the host backend, used as two halves by alternate pieces; "
+       "messages larger than a half are processed in pieces."},
       {"GPUCOLL_HOST_SEGMENT_BYTES", VarType::kBytes, "256K",
-       "Pipelining unit of the host backend's schedules: each piece is split into segments of about this "
-       "size so that peers overlap on successive segments and data stays in cache."},
+       "Target chunk size of one host schedule step: a message runs its schedule piece by piece, each piece "
+       "sized so that its chunks are about this big, so a step's data stays in cache and ranks, coupled only "
+       "through step counters, work on successive pieces at once."},
       {"GPUCOLL_HOST_SPIN_US", VarType::kInt, "50",
        "How long a waiting host rank spins before it sleeps on a futex. Ranks may outnumber cores, and a "
        "spinning rank would steal the core the awaited rank needs."},
