@@ -102,6 +102,10 @@ def main(argv=None) -> int:
         nbytes = _C.parse_bytes(args.bytes)
         if args.nranks < 1:
             parser.error("--nranks must be >= 1")
+        if not 0 <= args.root < args.nranks:
+            parser.error(f"--root must be in [0, {args.nranks}), got {args.root}")
+        if args.local_size < 0:
+            parser.error(f"--local-size must be >= 0 (0: one node), got {args.local_size}")
         explain(args.collective, args.nranks, nbytes, local_size=args.local_size, root=args.root, steps=args.steps)
     except GpucollError as exc:
         print(f"error: {exc}", file=sys.stderr)

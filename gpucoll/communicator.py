@@ -124,7 +124,7 @@ class Communicator:
         have x's size and dtype and not overlap it, and is returned.
         """
         self._check_open("all_reduce")
-        src = _buffers.resolve(x, "x")
+        src = _buffers.resolve(x, "x", writable=out is None)
         dst = self._resolve_out(src, out, src.count)
         redop = _parse_op(op)
         self._run(ALL_REDUCE, algo, src, dst, src.count, redop, 0)
@@ -144,8 +144,10 @@ class Communicator:
         self._check_open("reduce")
         root = self._check_rank(root, "root")
         redop = _parse_op(op)
-        src = _buffers.resolve(x, "x")
-        dst = self._resolve_out(src, out, src.count) if self._rank == root else src
+        src = _buffers.resolve(x, "x", writable=out is None and self._rank == root)
+        # `out` is checked wherever it is given, root or not: an argument error must stop every rank that made
+        # it, or the ranks that went ahead would run this collective alone and fall out of step.
+        dst = self._resolve_out(src, out, src.count) if self._rank == root or out is not None else src
         self._run(REDUCE, algo, src, dst, src.count, redop, root)
         return dst.obj
 
@@ -185,7 +187,7 @@ class Communicator:
         src = _buffers.resolve(x, "x")
         is_root = self._rank == root
         dst = self._resolve_out(src, out, src.count * self._world_size,
-                                self._scaled_shape(src, self._world_size)) if is_root else src
+                                self._scaled_shape(src, self._world_size)) if is_root or out is not None else src
         self._run(GATHER, algo, src, dst, src.count, None, root)
         return dst.obj if is_root else None
 

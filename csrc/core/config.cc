@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -107,11 +108,15 @@ int64_t config_int(const std::string& name) {
 }
 
 bool parse_bytes(const std::string& text, int64_t* out) {
-  if (text.empty()) return false;
+  // Plain decimal numbers only ("1.5M" is fine): strtod alone would also take "nan", "inf", "0x10", " 4".
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.')) return false;
+  for (char c : text) {
+    if (c == 'x' || c == 'X' || c == 'e' || c == 'E') return false;
+  }
   char* end = nullptr;
   errno = 0;
   const double x = std::strtod(text.c_str(), &end);
-  if (errno != 0 || end == text.c_str() || x < 0) return false;
+  if (errno != 0 || end == text.c_str() || !std::isfinite(x) || x < 0) return false;
   std::string suffix = lower(end);
   if (!suffix.empty() && suffix.back() == 'b') suffix.pop_back();
   if (suffix.size() == 2 && suffix[1] == 'i') suffix.pop_back();
@@ -129,7 +134,9 @@ bool parse_bytes(const std::string& text, int64_t* out) {
   } else {
     return false;
   }
-  *out = static_cast<int64_t>(x * mult);
+  const double bytes = x * mult;
+  if (bytes >= 9.2e18) return false;  // would not fit int64
+  *out = static_cast<int64_t>(bytes);
   return true;
 }
 

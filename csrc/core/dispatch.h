@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/half.h"
 #include "core/types.h"
@@ -42,20 +43,33 @@ struct Acc<bf16_t> {
   GPUCOLL_HD static GPUCOLL_INLINE bf16_t store(float v) { return bf16_from_float(v); }
 };
 
-// Integer sums and products wrap modulo 2^bits as in NCCL and NumPy; the casts make that explicit for the
-// 8-bit types, which C++ promotes to int.
+// Integer sums and products wrap modulo 2^bits as in NCCL and NumPy. Signed overflow is undefined in C++, so
+// integers are combined as their unsigned counterparts (well-defined wrap-around) and converted back.
+template <class A, bool kIntegral = std::is_integral<A>::value>
+struct Wrap {
+  using type = A;
+};
+template <class A>
+struct Wrap<A, true> {
+  using type = typename std::make_unsigned<A>::type;
+};
+
 struct OpSum {
   static constexpr RedOp kOp = RedOp::kSum;
   template <class A>
   GPUCOLL_HD GPUCOLL_INLINE A operator()(A a, A b) const {
-    return static_cast<A>(a + b);
+    using U = typename Wrap<A>::type;
+    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   }
 };
 struct OpProd {
   static constexpr RedOp kOp = RedOp::kProd;
   template <class A>
   GPUCOLL_HD GPUCOLL_INLINE A operator()(A a, A b) const {
-    return static_cast<A>(a * b);
+    // uint8/uint16 promote to int before '*'; multiplying as unsigned int keeps every width overflow-free.
+    using U = typename Wrap<A>::type;
+    using M = typename std::conditional<(sizeof(U) < sizeof(unsigned)), unsigned, U>::type;
+    return static_cast<A>(static_cast<U>(static_cast<M>(static_cast<U>(a)) * static_cast<M>(static_cast<U>(b))));
   }
 };
 struct OpMin {
@@ -107,6 +121,9 @@ decltype(auto) dispatch_dtype(DType dt, F&& f) {
     return f(TypeTag<T>{});
     GPUCOLL_DTYPE_CASES(GPUCOLL_CASE)
 #undef GPUCOLL_CASE
+    case DType::kF8E4M3:  // no arithmetic for fp8 here (NCCL-only types): callers reject them first
+    case DType::kF8E5M2:
+      break;
   }
   return f(TypeTag<float>{});
 }

@@ -200,13 +200,7 @@ void HostComm::wait_word(WaitWord* w, uint32_t target, int peer) {
     }
     w->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(w->value.load(std::memory_order_acquire), target)) return;
-    if (ctl(peer)->broken.load(std::memory_order_acquire) != 0) {
-      throw Error(ErrorCode::kRemote,
-                  std::string(current_) + " #" + std::to_string(op_seq_) + " failed on rank " +
-                      std::to_string(opt_.rank) + ": rank " + std::to_string(peer) +
-                      " failed during a collective; the communicator is unusable",
-                  current_, __FILE__, __LINE__, {peer});
-    }
+    if (ctl(peer)->broken.load(std::memory_order_acquire) != 0) raise_peer_failed(peer);
     if (now_ns() >= deadline_ns_ || peer_dead(peer)) raise_timeout(peer);
   }
 }
@@ -228,10 +222,18 @@ void HostComm::complete_sync_step() {
   publish(&ctl(opt_.rank)->done, done_);
 }
 
-void HostComm::fail(const char* what) noexcept {
+void HostComm::fail(const char* what, const Error* cause) noexcept {
   broken_ = true;
   if (shm_.data() == nullptr) return;
   Ctl* me = ctl(opt_.rank);
+  int32_t code = static_cast<int32_t>(ErrorCode::kInternal);
+  int32_t blamed = -1;
+  if (cause != nullptr) {
+    code = static_cast<int32_t>(cause->code());
+    if (!cause->ranks().empty()) blamed = cause->ranks().front();
+  }
+  me->fail_code.store(code, std::memory_order_relaxed);
+  me->fail_rank.store(blamed, std::memory_order_relaxed);
   me->broken.store(1, std::memory_order_seq_cst);
   // Waiters re-check the broken flag when woken; the counter itself must not move.
   futex_wake_all(&me->done.value);
@@ -241,6 +243,26 @@ void HostComm::fail(const char* what) noexcept {
     futex_wake_all(&pair(q, opt_.rank)->acked.value);
   }
   GPUCOLL_WARN(what, " #", op_seq_, " failed; communicator marked broken");
+}
+
+void HostComm::raise_peer_failed(int peer) {
+  const Ctl* c = ctl(peer);
+  const auto code = static_cast<ErrorCode>(c->fail_code.load(std::memory_order_relaxed));
+  const int blamed = c->fail_rank.load(std::memory_order_relaxed);
+  const std::string head = std::string(current_) + " #" + std::to_string(op_seq_) + " failed on rank " +
+                           std::to_string(opt_.rank) + ": ";
+  if ((code == ErrorCode::kTimeout || code == ErrorCode::kRemote) && blamed >= 0 && blamed != opt_.rank) {
+    // Pass the root cause on: the rank the peer was waiting for is the one missing, not the peer.
+    const bool dead = peer_dead(blamed);
+    throw Error(code == ErrorCode::kTimeout || dead ? ErrorCode::kTimeout : ErrorCode::kRemote,
+                head + "rank " + std::to_string(blamed) + (dead ? " has exited" : " did not complete it") +
+                    " (reported by rank " + std::to_string(peer) + "); the communicator is unusable",
+                current_, __FILE__, __LINE__, {blamed});
+  }
+  throw Error(ErrorCode::kRemote,
+              head + "rank " + std::to_string(peer) + " failed (" + error_code_name(code) +
+                  "); the communicator is unusable",
+              current_, __FILE__, __LINE__, {peer});
 }
 
 const HostComm::Plan& HostComm::plan_for(const algo::Algorithm& a, const algo::Params& p) {
@@ -287,10 +309,20 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   }
   const Plan& plan = plan_for(algorithm, p);
   try {
+    // A signature mismatch leaves every buffer untouched and every rank in step: not a failure of the
+    // communicator, only of this call.
     if (debug_checks_) debug_check(a);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument) fail(what, &e);
+    throw;
+  }
+  try {
     run_pieces(a, plan);
+  } catch (const Error& e) {
+    fail(what, &e);
+    throw;
   } catch (...) {
-    fail(what);
+    fail(what, nullptr);
     throw;
   }
 }
@@ -403,8 +435,11 @@ void HostComm::barrier() {
     for (int q = 0; q < opt_.nranks; ++q) {
       if (q != opt_.rank) wait_done(q, done_);
     }
+  } catch (const Error& e) {
+    fail("barrier", &e);
+    throw;
   } catch (...) {
-    fail("barrier");
+    fail("barrier", nullptr);
     throw;
   }
 }
@@ -526,18 +561,16 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
           const uint32_t target = static_cast<uint32_t>(op.send ? piece + 1 - kP2PSlots : piece + 1);
           if (!reached(v, target)) futex_wait(&w->value, v, std::min<int64_t>(deadline_ns_ - now_ns(), 2'000'000));
           w->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-          if (ctl(op.peer)->broken.load(std::memory_order_acquire) != 0) {
-            throw Error(ErrorCode::kRemote,
-                        std::string(current_) + " failed on rank " + std::to_string(opt_.rank) + ": rank " +
-                            std::to_string(op.peer) + " failed; the communicator is unusable",
-                        current_, __FILE__, __LINE__, {op.peer});
-          }
+          if (ctl(op.peer)->broken.load(std::memory_order_acquire) != 0) raise_peer_failed(op.peer);
           if (now_ns() >= deadline_ns_ || peer_dead(op.peer)) raise_timeout(op.peer);
         }
       }
     }
+  } catch (const Error& e) {
+    fail(current_, &e);
+    throw;
   } catch (...) {
-    fail(current_);
+    fail(current_, nullptr);
     throw;
   }
 }

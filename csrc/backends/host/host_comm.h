@@ -19,6 +19,7 @@
 #include "algo/registry.h"
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
+#include "core/error.h"
 #include "core/types.h"
 
 namespace gpucoll::host {
@@ -111,7 +112,9 @@ class HostComm {
   void complete_sync_step();
   // Waits until every rank that last read half `half` of this rank's buffer has completed that step.
   void wait_war(int half);
-  void fail(const char* what) noexcept;
+  // Marks this communicator broken (here and, for peers, in the region) with the error that broke it.
+  void fail(const char* what, const Error* cause) noexcept;
+  [[noreturn]] void raise_peer_failed(int peer);
   [[noreturn]] void raise_timeout(int peer);
   bool peer_dead(int peer) const;
 

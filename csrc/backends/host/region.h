@@ -45,6 +45,11 @@ struct Ctl {
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> broken;  // this rank abandoned a collective: peers fail fast instead of timing out
+  // Why it did, written before `broken` is set: the error code and the rank it blamed (-1: none). A rank that
+  // waits on a broken peer reports that root cause, so a dead rank is named by every survivor, not only by
+  // its neighbours.
+  std::atomic<int32_t> fail_code;
+  std::atomic<int32_t> fail_rank;
   OpDesc desc[2];                // GPUCOLL_DEBUG_CHECKS, alternating by op parity
 };
 

@@ -1,0 +1,148 @@
+"""A rank that dies (os._exit) before a collective: every surviving rank raises CollectiveTimeout naming it within
+timeout + 5 s instead of hanging, the communicator is unusable afterwards, and nothing named gpucoll* is left in
+/dev/shm. A rank that is alive but never arrives turns into a timeout after about `timeout` seconds.
+
+gpucoll.spawn re-raises the dead rank's exit as RemoteError in the parent; the survivors' return values (each
+catches its own error and reports it) are in that exception's `.results`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import helpers
+import numpy as np
+import pytest
+
+import gpucoll
+from gpucoll.errors import CollectiveTimeout, RemoteError
+
+pytestmark = helpers.timeout_mark(300)
+
+TIMEOUT = 5.0  # the communicator's timeout (gpucoll.spawn passes it to init)
+SLACK = 5.0  # survivors must report within TIMEOUT + SLACK
+
+
+@pytest.fixture(autouse=True)
+def _default_config(monkeypatch):
+    """Workers inherit the environment: keep GPUCOLL_DEBUG_CHECKS (its pre-collective exchange lets every rank see
+    the dead one directly) and GPUCOLL_ALGO (it changes who waits on whom) out of these tests."""
+    for name in ("GPUCOLL_DEBUG_CHECKS", "GPUCOLL_ALGO"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _describe(exc, started):
+    return {"type": type(exc).__name__, "ranks": tuple(getattr(exc, "ranks", ())), "message": str(exc),
+            "elapsed": time.monotonic() - started}
+
+
+def _dead_peer_worker(comm, dead, count, algo):
+    # Every rank learns every pid through a first, successful collective (also proving the set-up worked).
+    pids = np.zeros(comm.world_size, np.int64)
+    pids[comm.rank] = os.getpid()
+    comm.all_reduce(pids)
+    if comm.rank == dead:
+        os._exit(7)  # no close(), no atexit, no result: the peers must notice on their own
+    x = np.ones(count, np.float32)
+    started = time.monotonic()
+    result = {"pids": pids.tolist()}
+    try:
+        comm.all_reduce(x, algo=algo)
+        result["error"] = None
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result["error"] = _describe(exc, started)
+    # The failed collective leaves ranks out of step: later calls must fail at once, not hang or compute garbage.
+    started = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+        result["after"] = None
+    except Exception as exc:  # noqa: BLE001
+        result["after"] = _describe(exc, started)
+    return result
+
+
+def _wait_for_no_new_shm(before, deadline_s=3.0):
+    """gpucoll* names in /dev/shm that were not there before; waits a little because ranks of concurrently
+    running tests create segments that exist for milliseconds."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        new = helpers.shm_names() - before
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.1)
+
+
+def _run_dead_peer(world_size, dead, count, algo):
+    before = helpers.shm_names()
+    started = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        gpucoll.spawn(_dead_peer_worker, world_size, args=(dead, count, algo), backend="host", timeout=TIMEOUT)
+    wall = time.monotonic() - started
+    exc = info.value
+    assert exc.rank == dead, f"spawn blamed rank {exc.rank}, not the dead rank {dead}: {exc}"
+    assert dead in exc.ranks and "exited" in str(exc), str(exc)
+    results = exc.results
+    assert len(results) == world_size and results[dead] is None, results
+    leftovers = _wait_for_no_new_shm(before)
+    return results, wall, leftovers
+
+
+@pytest.mark.parametrize(
+    "world_size, dead, count, algo",
+    [
+        (2, 1, 1000, "auto"),
+        (3, 0, 2**20 + 3, "auto"),  # rank 0 created the shared memory; a large message dies between pieces
+        (4, 2, 1000, "auto"),
+        # In a ring, rank 0 never waits on rank 2 directly: it has to learn about it through its neighbours.
+        (4, 2, 1000, "ring"),
+    ],
+    ids=["ws2-dead1", "ws3-dead0-large", "ws4-dead2", "ws4-dead2-ring"],
+)
+def test_dead_peer_raises_timeout_naming_it(world_size, dead, count, algo):
+    results, wall, leftovers = _run_dead_peer(world_size, dead, count, algo)
+    problems = []
+    for r, res in enumerate(results):
+        if r == dead:
+            continue
+        err = res["error"]
+        if err is None:
+            problems.append(f"rank {r}: the collective with a dead peer returned normally")
+            continue
+        if err["type"] != CollectiveTimeout.__name__ or dead not in err["ranks"]:
+            problems.append(f"rank {r}: {err['type']} ranks={err['ranks']} ({err['message']}); expected "
+                            f"CollectiveTimeout with {dead} in ranks")
+        if err["elapsed"] > TIMEOUT + SLACK:
+            problems.append(f"rank {r}: noticed the dead peer after {err['elapsed']:.1f} s (> {TIMEOUT + SLACK} s)")
+        if str(dead) not in err["message"]:
+            problems.append(f"rank {r}: the message does not name rank {dead}: {err['message']}")
+        after = res["after"]
+        if after is None or after["type"] != "InvalidUsage" or after["elapsed"] > 1.0:
+            problems.append(f"rank {r}: a collective after the failure gave {after}; expected an immediate "
+                            f"InvalidUsage (broken communicator)")
+    assert not problems, helpers.format_failures(problems)
+    assert not leftovers, f"left in /dev/shm: {sorted(leftovers)}"
+    assert wall < TIMEOUT + SLACK + 20, f"gpucoll.spawn took {wall:.1f} s"
+
+
+def _late_rank_worker(comm, late, sleep_s):
+    if comm.rank == late:
+        time.sleep(sleep_s)  # alive, but never enters the collective
+        return {"error": None, "late": True}
+    started = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(16, np.float32))
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": _describe(exc, started)}
+
+
+def test_live_rank_that_never_arrives_times_out():
+    timeout = 2.0
+    before = helpers.shm_names()
+    results = gpucoll.spawn(_late_rank_worker, 2, args=(1, timeout + 1.5), backend="host", timeout=timeout)
+    err = results[0]["error"]
+    assert err is not None, "rank 0 completed a collective that rank 1 never entered"
+    assert err["type"] == "CollectiveTimeout" and 1 in err["ranks"], err
+    assert timeout - 0.1 <= err["elapsed"] <= timeout + SLACK, err
+    assert not _wait_for_no_new_shm(before)
