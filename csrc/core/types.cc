@@ -22,6 +22,10 @@ const char* dtype_name(DType t) {
       return "int32";
     case DType::kI64:
       return "int64";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
+    case DType::kF8E5M2:
+      return "float8_e5m2";
   }
   return "?";
 }
@@ -44,6 +48,10 @@ const char* dtype_nccl_name(DType t) {
       return "int32";
     case DType::kI64:
       return "int64";
+    case DType::kF8E4M3:
+      return "f8e4m3";
+    case DType::kF8E5M2:
+      return "f8e5m2";
   }
   return "?";
 }
@@ -75,6 +83,8 @@ const Alias kDTypeAliases[] = {
     {"float64", DType::kF64}, {"f64", DType::kF64},      {"double", DType::kF64},   {"int8", DType::kI8},
     {"i8", DType::kI8},       {"uint8", DType::kU8},     {"u8", DType::kU8},        {"int32", DType::kI32},
     {"i32", DType::kI32},     {"int", DType::kI32},      {"int64", DType::kI64},    {"i64", DType::kI64},
+    {"float8_e4m3fn", DType::kF8E4M3}, {"f8e4m3", DType::kF8E4M3}, {"fp8_e4m3", DType::kF8E4M3},
+    {"float8_e5m2", DType::kF8E5M2},   {"f8e5m2", DType::kF8E5M2}, {"fp8_e5m2", DType::kF8E5M2},
 };
 }  // namespace
 

@@ -20,8 +20,15 @@ enum class DType : int32_t {
   kU8 = 5,
   kI32 = 6,
   kI64 = 7,
+  // 8-bit floats (OCP FP8: e4m3 without infinities, as torch.float8_e4m3fn, and e5m2). Only NCCL >= 2.24
+  // reduces them (on sm_90 and newer); the host backend and gpucoll's own kernels have no arithmetic for
+  // them, so they sit after the first kNumDTypes values and the arithmetic dispatch (dispatch.h) rejects them.
+  kF8E4M3 = 8,
+  kF8E5M2 = 9,
 };
+// DTypes [0, kNumDTypes) have host and kernel arithmetic; kNumAllDTypes counts the fp8 types too.
 constexpr int kNumDTypes = 8;
+constexpr int kNumAllDTypes = 10;
 
 enum class RedOp : int32_t {
   kSum = 0,
@@ -48,13 +55,17 @@ GPUCOLL_HD constexpr size_t dtype_size(DType t) {
       return 8;
     case DType::kI8:
     case DType::kU8:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       return 1;
   }
   return 0;
 }
 
+GPUCOLL_HD constexpr bool dtype_is_fp8(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
+
 GPUCOLL_HD constexpr bool dtype_is_floating(DType t) {
-  return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32 || t == DType::kF64;
+  return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32 || t == DType::kF64 || dtype_is_fp8(t);
 }
 
 // Short names used in the Python API, the benchmark table (nccl-tests spells them "half", "bfloat16",

@@ -18,7 +18,9 @@ void bind_core(py::module_& m) {
       .value("int8", DType::kI8)
       .value("uint8", DType::kU8)
       .value("int32", DType::kI32)
-      .value("int64", DType::kI64);
+      .value("int64", DType::kI64)
+      .value("float8_e4m3fn", DType::kF8E4M3)
+      .value("float8_e5m2", DType::kF8E5M2);
   py::enum_<RedOp>(m, "RedOp")
       .value("sum", RedOp::kSum)
       .value("prod", RedOp::kProd)
