@@ -297,6 +297,10 @@ const HostComm::Plan& HostComm::plan_for(const algo::Algorithm& a, const algo::P
 
 void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   const char* what = algo::coll_name(a.coll);
+  if (dtype_is_fp8(a.dtype)) {
+    GPUCOLL_THROW(ErrorCode::kUnsupported, what, "the host backend has no arithmetic for ", dtype_name(a.dtype),
+                  " (fp8 collectives need the NCCL backend, NCCL >= 2.24)");
+  }
   begin_op(what);
   algo::Params p;
   p.coll = a.coll;
