@@ -135,6 +135,10 @@ constexpr ncclDataType_t to_nccl(DType t) {
       return ncclInt32;
     case DType::kI64:
       return ncclInt64;
+    case DType::kF8E4M3:
+      return ncclFloat8e4m3;
+    case DType::kF8E5M2:
+      return ncclFloat8e5m2;
   }
   return ncclNumTypes;
 }
