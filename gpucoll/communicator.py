@@ -149,7 +149,7 @@ class Communicator:
         # it, or the ranks that went ahead would run this collective alone and fall out of step.
         dst = self._resolve_out(src, out, src.count) if self._rank == root or out is not None else src
         self._run(REDUCE, algo, src, dst, src.count, redop, root)
-        return dst.obj
+        return dst.obj if self._rank == root else src.obj
 
     def all_gather(self, x, out=None, algo="auto"):
         """Concatenate every rank's `x` along axis 0 in rank order: ``world_size * len(x)`` rows."""

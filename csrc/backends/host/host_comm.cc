@@ -506,12 +506,19 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
   try {
     size_t remaining = todo.size();
     int idle_rounds = 0;
+    std::vector<char> pair_busy(static_cast<size_t>(opt_.nranks) * 2);
     while (remaining > 0) {
       bool progressed = false;
       const Progress* blocked = nullptr;
+      // A pair's counters and slots carry pieces strictly in order, so of several messages between the same
+      // two ranks in one direction only the oldest unfinished one may move; the others wait their turn.
+      std::fill(pair_busy.begin(), pair_busy.end(), 0);
       for (Progress& pr : todo) {
         if (pr.next == pr.npieces) continue;
         const P2POp& op = *pr.op;
+        char& busy = pair_busy[static_cast<size_t>(op.peer) * 2 + (op.send ? 1 : 0)];
+        if (busy) continue;
+        busy = 1;
         const uint64_t piece = pr.first_piece + pr.next;
         const uint64_t off = pr.next * slot_bytes_;
         const uint64_t len = std::min<uint64_t>(slot_bytes_, static_cast<uint64_t>(op.bytes) - std::min<uint64_t>(off, op.bytes));

@@ -1,0 +1,290 @@
+"""gpucoll-bench: nccl-tests' command line and table for gpucoll's collectives.
+
+    gpucoll-bench all_reduce --nranks 4 -b 8 -e 64M -f 2
+    torchrun --nproc-per-node 4 -m gpucoll.bench all_reduce -b 8 -e 64M -f 2
+    mpiexec -n 4 gpucoll-bench all_reduce -d all -o all
+
+Without --nranks and under a launcher (torchrun, mpirun/mpiexec, srun) every process is one rank and rank 0
+prints; otherwise --nranks local ranks are spawned (default 1, run in this process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import traceback
+from typing import Optional
+
+from gpucoll.bench import colls
+from gpucoll.bench.harness import Params, sizes
+
+EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+
+# The variables whose presence means "a launcher started this process as one rank of a job".
+LAUNCHER_VARS = (("torchrun", ("RANK", "WORLD_SIZE")), ("openmpi", ("OMPI_COMM_WORLD_RANK",)),
+                 ("mpich", ("PMI_RANK",)), ("slurm", ("SLURM_PROCID",)))
+
+_EPILOG = f"""\
+sizes:       byte counts with optional K, M, G suffixes: 8, 64K, 1M, 2G
+datatypes:   {', '.join(colls.DTYPES)}, or all; comma lists work too
+             (bfloat16 needs torch: NumPy has no bfloat16)
+ops:         {', '.join(colls.OPS)}, or all
+exit status: 0 all results correct, 1 wrong results (#wrong > 0), 2 bad usage or setup, 3 the run failed
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def _size(what: str):
+    def parse(text: str) -> int:
+        from gpucoll import _C
+
+        try:
+            return int(_C.parse_bytes(text.strip()))
+        except Exception:  # noqa: BLE001 - gpucoll's InvalidArgument or anything else: one clear message
+            raise argparse.ArgumentTypeError(f"invalid size {text!r} for {what}: expected a byte count such as "
+                                             f"8, 64K, 1M or 2G") from None
+    return parse
+
+
+def _int(what: str, minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be >= {minimum}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: expected a positive number of seconds")
+    return value
+
+
+class _Selection(list):
+    """Parsed -d/-o values; `from_all` says whether "all" was asked for (then unavailable ones are skipped)."""
+
+    from_all = False
+
+
+def _choices(kind: str, valid, aliases=None):
+    def parse(text: str) -> list[str]:
+        out = _Selection()
+        for item in (t.strip().lower() for t in text.split(",")):
+            if item == "all":
+                out.extend(valid)
+                out.from_all = True
+                continue
+            item = (aliases or {}).get(item, item)
+            if item not in valid:
+                raise argparse.ArgumentTypeError(f"unknown {kind} {item!r}: expected one of {', '.join(valid)} or all")
+            out.append(item)
+        unique = _Selection(dict.fromkeys(out))  # dedupe, keep order
+        unique.from_all = out.from_all
+        return unique
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucoll-bench", description="Benchmark and check gpucoll collectives with "
+                                "nccl-tests' flags and table.", epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Params()
+    p.add_argument("collective", choices=colls.names(), help="the collective to run")
+    p.add_argument("-b", "--minbytes", type=_size("-b/--minbytes"), default=d.minbytes, help="min size in bytes")
+    p.add_argument("-e", "--maxbytes", type=_size("-e/--maxbytes"), default=d.maxbytes, help="max size in bytes")
+    p.add_argument("-i", "--stepbytes", type=_size("-i/--stepbytes"), default=d.stepbytes,
+                   help="increment size (used when -f is 1)")
+    p.add_argument("-f", "--stepfactor", type=_int("step factor", 1), default=d.stepfactor,
+                   help="increment factor (above 1 it wins over -i)")
+    p.add_argument("-n", "--iters", type=_int("iteration count", 1), default=d.iters, help="timed iterations")
+    p.add_argument("-w", "--warmup_iters", type=_int("warmup iteration count", 0), default=d.warmup_iters,
+                   help="warmup iterations")
+    p.add_argument("-c", "--check", type=_int("check count", 0), default=d.check,
+                   help="verified iterations per row (0: no check, #wrong shows N/A)")
+    p.add_argument("-d", "--datatype", type=_choices("datatype", list(colls.DTYPES), colls.ALIASES),
+                   default=d.dtypes, help="datatype(s), nccl-tests names, or all")
+    p.add_argument("-o", "--op", type=_choices("op", list(colls.OPS)), default=d.ops, help="reduction op(s) or all")
+    p.add_argument("-r", "--root", type=_int("root", 0), default=d.root, help="root rank (rooted collectives)")
+    p.add_argument("-a", "--average", type=int, choices=range(4), default=d.average,
+                   help="time shown: 0 rank 0's (default), 1 mean over ranks, 2 min, 3 max")
+    p.add_argument("--nranks", type=_int("rank count", 1), default=None,
+                   help="spawn this many local ranks (default: one rank per process under a launcher, else 1)")
+    p.add_argument("--backend", choices=("auto", "host", "nccl", "custom"), default="auto",
+                   help="auto: a GPU backend when a GPU is usable, else host (today: host)")
+    from gpucoll import _C
+
+    p.add_argument("--algo", default="auto", help="comma-separated algorithms, each run as its own block of rows: "
+                   f"auto (default) or {', '.join(_C.algorithm_names())}")
+    p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write every row, the run parameters "
+                   "and the environment as JSON")
+    p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
+                   help="seconds a collective may wait for peers before failing")
+    p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element
+    return p
+
+
+def launcher() -> Optional[str]:
+    for name, variables in LAUNCHER_VARS:
+        if any(os.environ.get(v, "").strip() for v in variables):
+            return name
+    return None
+
+
+def resolve_backend(requested: str) -> str:
+    """The backend to run. Raises UsageError with what to do instead when it cannot run here."""
+    from gpucoll import _C
+
+    probe = _C.cuda_probe()
+    if requested in ("nccl", "custom"):
+        if probe.get("device_count", 0) == 0:
+            raise UsageError(f"--backend {requested} needs a usable CUDA GPU and this machine has none "
+                             f"({probe.get('reason') or 'no device'}); use --backend host to benchmark the CPU "
+                             f"shared-memory backend")
+        raise UsageError(f"--backend {requested} is not available in this version of gpucoll yet (it benchmarks "
+                         f"host arrays only); use --backend host")
+    # auto: the GPU backends are not there yet and the harness allocates host arrays, so auto means host.
+    return "host"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> Params:
+    """argv -> Params. Bad usage exits through argparse (status 2) with the reason."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.minbytes > args.maxbytes:
+        parser.error(f"invalid sizes: -b/--minbytes {args.minbytes} > -e/--maxbytes {args.maxbytes}")
+    if args.stepfactor <= 1 and args.stepbytes == 0:
+        parser.error("-i/--stepbytes must be above 0 when -f/--stepfactor is 1")
+    coll = colls.get(args.collective)
+    algos = list(dict.fromkeys(a.strip() for a in args.algo.split(",") if a.strip())) or ["auto"]
+    from gpucoll import _C
+
+    known = list(_C.algorithm_names())
+    for a in algos:
+        if a != "auto" and a not in known:
+            parser.error(f"unknown --algo {a!r}: expected auto or one of {', '.join(known)}")
+        if a != "auto" and not _C.algorithm_supports(a, coll.coll_id):
+            parser.error(f"--algo {a!r} cannot run {coll.name}")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            parser.error(f"--json {args.json!r}: folder {folder!r} does not exist or is not writable")
+    notes = []
+    dtypes = args.datatype
+    if "bfloat16" in dtypes and importlib.util.find_spec("torch") is None:
+        if getattr(dtypes, "from_all", False):
+            dtypes = [t for t in dtypes if t != "bfloat16"]
+            notes.append("bfloat16 skipped: NumPy has no bfloat16 and torch is not installed")
+        else:
+            parser.error("-d bfloat16 needs torch (NumPy has no bfloat16); install torch or pick another datatype")
+    if not coll.reduces:
+        notes.append(f"{coll.name} does not reduce: -o is ignored")
+    return Params(coll=args.collective, minbytes=args.minbytes, maxbytes=args.maxbytes, stepbytes=args.stepbytes,
+                  stepfactor=args.stepfactor, iters=args.iters, warmup_iters=args.warmup_iters, check=args.check,
+                  dtypes=list(dtypes), ops=list(args.op), root=args.root, algos=algos, average=args.average,
+                  json=args.json, timeout=args.timeout, backend=args.backend, nranks=args.nranks,
+                  inject_error=args.inject_error, argv=list(sys.argv[1:] if argv is None else argv), notes=notes)
+
+
+def _fit_memory(p: Params, local_ranks: int) -> None:
+    """nccl-tests' "Reducing maxBytes due to memory limitation": each local rank holds two buffers of maxbytes,
+    the backend's staging and the check's temporaries; keep them within the available memory."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    limit = max(0, avail - (1 << 30)) // (3 * max(1, local_ranks))
+    if p.maxbytes > limit:
+        p.maxbytes = max(limit, 0)
+        p.minbytes = min(p.minbytes, p.maxbytes)
+        p.notes.append(f"Reducing maxBytes to {p.maxbytes} due to memory limitation")
+
+
+def exit_status(results) -> int:
+    """1 when any rank counted a wrong element, either in the cross-rank sum or in its own local count."""
+    for r in results:
+        if r and (r.get("errors") or r.get("errors_local") or r.get("wrong_local")):
+            return EXIT_WRONG
+    return EXIT_OK
+
+
+def _run(p: Params) -> int:
+    import gpucoll
+    from gpucoll.bench import harness
+
+    which = launcher()
+    if p.nranks is None and which is not None:
+        from gpucoll.bootstrap import detect_launch
+
+        info = detect_launch()
+        p.launch = which
+        _fit_memory(p, info.local_world_size or 1)
+        comm = gpucoll.init(backend=p.backend, timeout=p.timeout)
+        try:
+            result = harness.run_rank(comm, p)
+        finally:
+            comm.close()
+        return exit_status([result])
+    n = p.nranks or 1
+    if which is not None:
+        p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, spawning local ranks")
+    _fit_memory(p, n)
+    if n == 1:
+        from gpucoll._spawn import free_port
+
+        p.launch = "in-process"
+        comm = gpucoll.init(0, 1, backend=p.backend, address="127.0.0.1", port=free_port(), timeout=p.timeout)
+        try:
+            return exit_status([harness.run_rank(comm, p)])
+        finally:
+            comm.close()
+    p.launch = "spawn"
+    return exit_status(gpucoll.spawn(harness.run_rank, n, args=(p,), backend=p.backend, timeout=p.timeout))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    try:
+        p = parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        p.backend = resolve_backend(p.backend)
+        if not sizes(p):
+            raise UsageError("no sizes to run")
+    except UsageError as e:
+        print(f"gpucoll-bench: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    from gpucoll import errors as gpucoll_errors
+
+    try:
+        return _run(p)
+    except KeyboardInterrupt:
+        print("gpucoll-bench: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - report any failure of the run as one clear line (+ details)
+        sys.stdout.flush()
+        print(f"gpucoll-bench: error: the run failed: {type(e).__name__}: {e}", file=sys.stderr)
+        rank = getattr(e, "rank", None)
+        if rank is not None:
+            print(f"gpucoll-bench: (raised on rank {rank})", file=sys.stderr)
+        for note in getattr(e, "__notes__", ()):
+            print(note, file=sys.stderr)
+        if not isinstance(e, gpucoll_errors.GpucollError) and rank is None:
+            traceback.print_exc()  # not a collective's error: a bug, show where
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The one harness of gpucoll-bench (nccl-tests' src/common.cu): sizes, buffers, the timed loop, the check,
+the cross-rank statistics, and the table and JSON that rank 0 writes.
+
+Every rank runs run_rank() with its Communicator. Per (algorithm, dtype, op, size) and for out-of-place then
+in-place, as nccl-tests' BenchTime does: fill inputs, run the warmup calls, barrier, time `iters` calls (the
+collective calls only; buffers are allocated once at the largest size), then run `check` verified calls on
+fresh inputs. The table shows rank 0's time by default (-a picks avg/min/max over ranks).
+
+Cross-rank bookkeeping (wrong counts, times, rank info) uses the communicator's own all_reduce on tiny float64
+or int64 arrays. A broken collective could garble that bookkeeping, so every rank also returns its own local
+counts and the exit status is computed from those too (see cli.exit_status).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from gpucoll.bench import colls, report
+from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
+
+AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
+
+
+@dataclass
+class Params:
+    coll: str = "all_reduce"
+    minbytes: int = 32 << 20  # nccl-tests' defaults
+    maxbytes: int = 32 << 20
+    stepbytes: int = 1 << 20
+    stepfactor: int = 1
+    iters: int = 20
+    warmup_iters: int = 1
+    check: int = 1
+    dtypes: list[str] = field(default_factory=lambda: ["float"])
+    ops: list[str] = field(default_factory=lambda: ["sum"])
+    root: int = 0
+    algos: list[str] = field(default_factory=lambda: ["auto"])
+    average: int = 0
+    json: Optional[str] = None
+    timeout: float = 300.0
+    backend: str = "host"
+    nranks: Optional[int] = None
+    launch: str = "spawn"  # "spawn", "in-process" or the launcher's name
+    inject_error: bool = False
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # "# ..." lines printed after the preamble
+
+    @property
+    def program(self) -> str:
+        return f"gpucoll-bench {self.coll}"
+
+
+def sizes(p: Params) -> list[int]:
+    """nccl-tests' size loop: multiply by -f when it is above 1, else add -i."""
+    out, size = [], p.minbytes
+    while size <= p.maxbytes:
+        out.append(size)
+        size = size * p.stepfactor if p.stepfactor > 1 else size + p.stepbytes
+        if size == 0:  # -b 0 with a factor: nccl-tests loops forever here; we stop
+            break
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class _Rank:
+    """One rank's state for a run."""
+
+    def __init__(self, comm, p: Params):
+        self.comm, self.p = comm, p
+        self.rank, self.n = comm.rank, comm.world_size
+        self.coll = colls.get(p.coll)
+        self.out = report.Printer(self.rank == 0)
+        self.rows: list[dict] = []
+        self.errors_local = 0  # checks (size x placement) where this rank saw a wrong element
+        self.wrong_local = 0  # wrong elements this rank saw, all checks together
+        self.bw_sum = {}  # algo -> [sum of busbw, count]
+        # Two raw byte buffers at the largest size; rows use prefix views of them (nccl-tests allocates once).
+        nbytes = 0
+        for name in p.dtypes:
+            isz = DTYPES[name].itemsize
+            c = self.coll.byte_counts(p.maxbytes // isz, self.n)
+            nbytes = max(nbytes, c.send * isz, c.recv * isz)
+        self.send_buf = np.zeros(nbytes, np.uint8)
+        self.recv_buf = np.zeros(nbytes, np.uint8)
+
+    # -- cross-rank helpers ----------------------------------------------------------------------------------
+    def _sum(self, values, dtype=np.float64) -> np.ndarray:
+        arr = np.array(values, dtype=dtype)
+        self.comm.all_reduce(arr, op="sum")
+        return arr
+
+    def _time(self, sec: float) -> float:
+        """nccl-tests' Allreduce(args, &deltaSec, average): 0 this rank's (rank 0's is printed), 1 mean over
+        ranks, 2 min, 3 max."""
+        if self.p.average == 0 or self.n == 1:
+            return sec
+        arr = np.array([sec], np.float64)
+        self.comm.all_reduce(arr, op=("sum", "sum", "min", "max")[self.p.average])
+        return float(arr[0]) / (self.n if self.p.average == 1 else 1)
+
+    def rank_info(self) -> list[dict]:
+        """Every rank's pid and hostname, gathered with all_reduce (each rank fills its own slot)."""
+        pids = np.zeros(self.n, np.int64)
+        pids[self.rank] = os.getpid()
+        names = np.zeros((self.n, 64), np.uint8)
+        raw = socket.gethostname().encode()[:64]
+        names[self.rank, :len(raw)] = np.frombuffer(raw, np.uint8)
+        self.comm.all_reduce(pids)
+        self.comm.all_reduce(names)
+        device = f"cpu [{self.comm.backend}] {_cpu_model()}"
+        return [{"rank": r, "pid": int(pids[r]), "hostname": bytes(names[r]).rstrip(b"\0").decode(errors="replace"),
+                 "device": device} for r in range(self.n)]
+
+    # -- one measurement (nccl-tests' BenchTime) -------------------------------------------------------------
+    def _views(self, counts, dt, in_place: bool):
+        """Storage views of this row's buffers. In place, as nccl-tests' startColl: both live in the receive
+        buffer, the input at send_inplace_offset * rank and the output at recv_inplace_offset * rank."""
+        isz = dt.itemsize
+
+        def view(buf, first, count):
+            return buf[first * isz:(first + count) * isz].view(dt.storage)
+
+        if in_place:
+            return (view(self.recv_buf, counts.send_inplace_offset * self.rank, counts.send),
+                    view(self.recv_buf, counts.recv_inplace_offset * self.rank, counts.recv))
+        return view(self.send_buf, 0, counts.send), view(self.recv_buf, 0, counts.recv)
+
+    def bench(self, dt, op: str, algo: str, counts, in_place: bool):
+        p, coll = self.p, self.coll
+        send, recv = self._views(counts, dt, in_place)
+        ctx = DataContext(rank=self.rank, nranks=self.n, dtype=dt, op=op, root=p.root, algo=algo, counts=counts,
+                          in_place=in_place, send=send, recv=recv)
+        send_obj, recv_obj = dt.wrap(send), dt.wrap(recv)
+        # Ordinary numbers in the buffers while timing: garbage could hold denormals, which are slow on CPUs.
+        coll.init_data(ctx)
+        for _ in range(p.warmup_iters):
+            coll.run(self.comm, send_obj, recv_obj, ctx)
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(p.iters):
+            coll.run(self.comm, send_obj, recv_obj, ctx)
+        sec = self._time((time.perf_counter() - t0) / p.iters)
+        algbw, busbw = coll.get_bw(counts.param, dt.itemsize, sec, self.n) if sec > 0 else (0.0, 0.0)
+
+        wrong: Optional[int] = None
+        if p.check > 0:
+            for _ in range(p.check):
+                expects = coll.init_data(ctx)
+                coll.run(self.comm, send_obj, recv_obj, ctx)
+                if p.inject_error and self.rank == self.n - 1:
+                    corrupt(expects[0].buf)
+                local = sum(count_wrong(e) for e in expects)
+                if local:
+                    self.errors_local += 1
+                    self.wrong_local += local
+                wrong = round(self._sum([local])[0])
+                if wrong:
+                    break
+        acc = self.bw_sum.setdefault(algo, [0.0, 0])
+        acc[0] += busbw
+        acc[1] += 1
+        return sec * 1e6, algbw, busbw, wrong
+
+    # -- a block of sizes (nccl-tests' TimeTest) -------------------------------------------------------------
+    def time_test(self, dt, op: str, algo: str) -> None:
+        coll, p = self.coll, self.p
+        op_name = op if coll.reduces else "none"
+        root = p.root if coll.rooted else -1
+        for size in sizes(p):
+            counts = coll.byte_counts(size // dt.itemsize, self.n)
+            nbytes = max(counts.send, counts.recv) * dt.itemsize
+            self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
+            row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters)
+            for in_place in (False, True):
+                res = self.bench(dt, op, algo, counts, in_place)
+                self.out.write(report.row_body(*res))
+                row["in_place" if in_place else "out_of_place"] = report.json_result(*res)
+            self.out.write("\n")
+            self.rows.append(row)
+
+    # -- the whole run ---------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        p = self.p
+        ranks = self.rank_info()
+        self.out.lines(report.preamble_lines(p.program, _version(), p, self.n, self.comm.backend, p.algos, ranks))
+        self.out.lines([f"# {note}\n" for note in p.notes])
+        started = time.time()
+        for algo in p.algos:
+            self.out.write(f"#\n# Algorithm: {algo}\n")
+            self.out.lines(report.header_lines())
+            for name in p.dtypes:
+                for op in (p.ops if self.coll.reduces else ["sum"]):
+                    self.time_test(DTYPES[name], op, algo)
+        errors = round(self._sum([self.errors_local])[0])
+        total = [sum(v[0] for v in self.bw_sum.values()), sum(v[1] for v in self.bw_sum.values())]
+        avg_bw = total[0] / total[1] if total[1] else 0.0
+        per_algo = {a: (v[0] / v[1] if v[1] else 0.0) for a, v in self.bw_sum.items()}
+        self.out.lines(report.footer_lines(errors, avg_bw, p.program, per_algo))
+        if self.rank == 0 and p.json:
+            report.write_json(p.json, self._json_doc(ranks, errors, avg_bw, per_algo, started))
+        return {"rank": self.rank, "errors": errors, "errors_local": self.errors_local,
+                "wrong_local": self.wrong_local, "avg_busbw": avg_bw,
+                "rows": self.rows if self.rank == 0 else None}
+
+    def _json_doc(self, ranks, errors: int, avg_bw: float, per_algo: dict, started: float) -> dict:
+        from gpucoll import _C
+
+        p = self.p
+        config = {"collective": p.coll, "nthreads": 1, "ngpus": 1, "minimum_bytes": p.minbytes,
+                  "maximum_bytes": p.maxbytes, "warmup_iters": p.warmup_iters, "iterations": p.iters,
+                  "aggregated_iterations": 1, "validation": p.check, "graph": 0, "datatypes": p.dtypes,
+                  "ops": p.ops, "root": p.root, "algos": p.algos, "average": AVERAGE_NAMES[p.average],
+                  "timeout": p.timeout}
+        config["step_factor" if p.stepfactor > 1 else "step_bytes"] = p.stepfactor if p.stepfactor > 1 else p.stepbytes
+        env = {"gpucoll_version": _version(), "hostname": socket.gethostname(), "nranks": self.n,
+               "backend": self.comm.backend, "launch": p.launch, "argv": p.argv, "python": sys.version.split()[0],
+               "numpy": np.__version__, "platform": platform.platform(), "cpu": _cpu_model(),
+               "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()), "build": dict(_C.build_info()),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+               "elapsed_s": round(time.time() - started, 3)}
+        return {"version": _version(), "program": p.program, "config": config, "environment": env,
+                "devices": ranks, "results": self.rows,
+                "out_of_bounds": {"count": errors, "okay": errors == 0},
+                "average_bus_bandwidth": {"bandwidth": avg_bw, "okay": "unchecked", "per_algo": per_algo}}
+
+
+def _version() -> str:
+    from gpucoll import __version__
+
+    return __version__
+
+
+def run_rank(comm, params: Params) -> dict:
+    """gpucoll.spawn / launcher entry: the whole benchmark on this rank."""
+    return _Rank(comm, params).run()

@@ -1,0 +1,124 @@
+"""The text table and the JSON document of gpucoll-bench.
+
+The table reproduces nccl-tests' output (src/util.cu in NVIDIA/nccl-tests 2.19: writeResultHeader,
+writeBenchmarkLinePreamble, writeBenchmarkLineBody, writeResultFooter) with the same printf formats, so tools
+and eyes that read all_reduce_perf output read ours. Only the lines that describe the devices differ: ours
+describe processes on a host. The JSON follows nccl-tests' -J layout (config, results with out_of_place and
+in_place objects holding time, alg_bw, bus_bw, nwrong; out_of_bounds; average_bus_bandwidth) and adds an
+"environment" object and each row's algorithm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+# printf-style formats on purpose in this file: they are nccl-tests' own, so the columns match by construction.
+# nccl-tests' header, column for column (non-per-iteration mode, no timestamps: tsPad 0, tsLbl "").
+_HDR_TITLE = "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n"
+_HDR_COLS = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n"
+_ROW_PREAMBLE = "%12li  %12li  %8s  %6s  %6s"
+_ROW_BODY = "  %7s  %6s  %6s  %6g"
+_ROW_BODY_NOCHECK = "  %7s  %6s  %6s    N/A"
+
+
+def header_lines() -> list[str]:
+    """The three lines nccl-tests prints before the rows (after a lone "#")."""
+    return [
+        "#\n",
+        _HDR_TITLE % ("", "", "", "", ""),
+        _HDR_COLS % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+                     "busbw", "#wrong", 0, ""),
+        _HDR_COLS % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "",
+                     0, ""),
+    ]
+
+
+def float_str(value: float, width: int) -> str:
+    """nccl-tests' getFloatStr: the most decimals (2, 1, 0) that fit `width`, else scientific notation."""
+    for fmt in ("%*.2f", "%*.1f", "%*.0f"):
+        text = fmt % (width, value)
+        if len(text) <= width:
+            return text
+    return ("%*.1e" if width >= 7 else "%*.0e") % (width, value)
+
+
+def row_preamble(nbytes: int, count: int, type_name: str, op_name: str, root: int) -> str:
+    return _ROW_PREAMBLE % (nbytes, count, type_name, op_name, "%6i" % root)
+
+
+def row_body(time_us: float, algbw: float, busbw: float, wrong: Optional[int]) -> str:
+    t, a, b = float_str(time_us, 7), float_str(algbw, 6), float_str(busbw, 6)
+    if wrong is None:
+        return _ROW_BODY_NOCHECK % (t, a, b)
+    return _ROW_BODY % (t, a, b, float(wrong))
+
+
+def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: Optional[dict[str, float]] = None) -> list[str]:
+    lines = []
+    if per_algo and len(per_algo) > 1:
+        # Extra lines (ours) before nccl-tests' two, so parsers that look for "Avg bus bandwidth" still find one.
+        for algo, bw in per_algo.items():
+            lines.append("# %-20s : %g\n" % (f"Avg busbw {algo}", bw))
+    lines += [
+        "# %-20s : %d %s\n" % ("Out of bounds values", errors, "FAILED" if errors else "OK"),
+        # nccl-tests prints "%g %s" with an empty verdict when NCCL_TESTS_MIN_BW is unset: a trailing space.
+        "# %-20s : %g %s\n" % ("Avg bus bandwidth", avg_busbw, ""),
+        "#\n",
+        f"# Collective test concluded: {program}\n",
+    ]
+    return lines
+
+
+def preamble_lines(program: str, version: str, params, nranks: int, backend: str, algos: Sequence[str],
+                   ranks: Sequence[dict]) -> list[str]:
+    step = f"{params.stepfactor}(factor)" if params.stepfactor > 1 else f"{params.stepbytes}(bytes)"
+    lines = [
+        f"# gpucoll-bench (gpucoll {version}, nccl-tests format) backend: {backend} algo: {','.join(algos)}\n",
+        f"# Collective test starting: {program}\n",
+        (f"# nThread 1 nGpus 1 minBytes {params.minbytes} maxBytes {params.maxbytes} step: {step} warmup iters: "
+         f"{params.warmup_iters} iters: {params.iters} agg iters: 1 validation: {params.check} graph: 0 unalign: 0\n"),
+        "#\n",
+        "# Using devices\n",
+    ]
+    for r in ranks:
+        lines.append("#  Rank %2d Group %2d Pid %6d on %10s device %s\n"
+                     % (r["rank"], 0, r["pid"], r["hostname"], r["device"]))
+    return lines
+
+
+class Printer:
+    """Writes table text on the printing rank only; every write is flushed (nccl-tests line-buffers stdout),
+    so a long run shows each row as soon as it is measured."""
+
+    def __init__(self, enabled: bool, stream=None):
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stdout
+
+    def write(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def lines(self, lines: Sequence[str]) -> None:
+        self.write("".join(lines))
+
+
+def json_row(nbytes: int, count: int, type_name: str, op_name: str, root: int, algo: str, iters: int) -> dict:
+    return {"size": nbytes, "count": count, "type": type_name, "redop": op_name, "root": root,
+            "algo": algo, "actual_iterations": iters, "experiment_name": ""}
+
+
+def json_result(time_us: float, algbw: float, busbw: float, wrong: Optional[int]) -> dict:
+    return {"time": time_us, "alg_bw": algbw, "bus_bw": busbw, "nwrong": None if wrong is None else float(wrong)}
+
+
+def write_json(path: str, doc: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)

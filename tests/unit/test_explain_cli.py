@@ -1,0 +1,153 @@
+"""`python -m gpucoll.algo explain ...`: the table of algorithms for one call, run as a user would (subprocess).
+
+The numbers it prints are checked against gpucoll._C (the selector and the model), so the CLI cannot drift from
+what algo="auto" does.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpucoll import _C
+
+COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
+ROW = re.compile(r"^\s*(\w+)\s+(\d+|-)\s")
+
+
+def explain(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "gpucoll.algo", "explain", *args], capture_output=True, text=True,
+                          timeout=60, env=_env(), check=False)
+    if check:
+        assert proc.returncode == 0, (args, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def _env():
+    import os
+
+    env = dict(os.environ)
+    for var in ("GPUCOLL_ALGO", "GPUCOLL_LOCAL_SIZE"):
+        env.pop(var, None)
+    return env
+
+
+def rows(stdout: str) -> dict:
+    """{algorithm: (steps or None, the whole line)} for the table rows."""
+    names = set(_C.algorithm_names())
+    out = {}
+    for line in stdout.splitlines():
+        m = ROW.match(line)
+        if m and m.group(1) in names:
+            out[m.group(1)] = (None if m.group(2) == "-" else int(m.group(2)), line)
+    return out
+
+
+def implementing(coll):
+    return [a for a in _C.algorithm_names() if _C.algorithm_supports(a, COLLS.index(coll))]
+
+
+@pytest.fixture(scope="module")
+def all_reduce_8_1m():
+    return explain("all_reduce", "--nranks", "8", "--bytes", "1M").stdout
+
+
+def test_lists_every_all_reduce_algorithm_with_steps(all_reduce_8_1m):
+    table = rows(all_reduce_8_1m)
+    assert set(table) == set(implementing("all_reduce")), all_reduce_8_1m
+    assert "direct" not in table  # does not implement all_reduce: not listed at all
+    assert table["ring"][0] == 14, table["ring"]
+    for name, (steps, _) in table.items():
+        assert steps == _C.predict(name, 0, 8, 1 << 20, 0)["steps"], (name, steps)
+    assert "8 ranks" in all_reduce_8_1m and "1.00 MiB" in all_reduce_8_1m
+
+
+def test_exactly_one_auto_marker_on_the_selected_algorithm(all_reduce_8_1m):
+    marked = [name for name, (_, line) in rows(all_reduce_8_1m).items() if line.rstrip().endswith("<- auto")]
+    assert all_reduce_8_1m.count("<- auto") == 1, all_reduce_8_1m
+    assert marked == [_C.select_algorithm(0, 8, 1 << 20, 0, "auto")], all_reduce_8_1m
+
+
+def test_steps_prints_every_schedule_step():
+    out = explain("all_reduce", "--nranks", "4", "--bytes", "1K", "--steps").stdout
+    table = rows(out)
+    for name, (steps, _) in table.items():
+        header = re.search(rf"^## {name}: (\d+) steps", out, re.MULTILINE)
+        assert header and int(header.group(1)) == steps, (name, out)
+        section = out[header.end():].split("\n## ")[0]
+        assert len(re.findall(r"^\s+step \d+:", section, re.MULTILINE)) == steps, (name, section)
+    assert "step 0: r3->r0: chunk 2 reduce" in out  # ring: rank 0 reduces from its left neighbour first
+
+
+def test_local_size_that_does_not_divide_shows_why_hierarchical_cannot_run():
+    out = explain("all_reduce", "--nranks", "8", "--bytes", "1M", "--local-size", "3").stdout
+    steps, line = rows(out)["hierarchical"]
+    assert steps is None and "cannot run" in line and "local_size=3 does not divide world size 8" in line, out
+    assert out.count("<- auto") == 1 and "<- auto" not in line
+    assert "local_size 3" in out
+
+
+def test_local_size_that_divides_makes_hierarchical_two_level():
+    out = explain("all_reduce", "--nranks", "8", "--bytes", "1M", "--local-size", "2").stdout
+    assert rows(out)["hierarchical"][0] == 2 * (2 - 1) + 2 * (4 - 1), out
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "gather", "all_to_all", "reduce_scatter"])
+def test_other_collectives(coll):
+    out = explain(coll, "--nranks", "4", "--bytes", "64K", "--root", "3").stdout
+    table = rows(out)
+    assert set(table) == set(implementing(coll)), out
+    assert out.count("<- auto") == 1
+    if coll in ("broadcast", "gather"):
+        assert "root 3" in out
+
+
+def test_explain_function_returns_the_table():
+    from gpucoll.algo import explain as explain_fn
+
+    buf = io.StringIO()
+    d = explain_fn("all_reduce", 8, 1 << 20, out=buf)
+    assert d["auto"] == _C.select_algorithm(0, 8, 1 << 20, 0, "auto")
+    assert d["algorithms"]["ring"]["steps"] == 14
+    assert "<- auto" in buf.getvalue()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["nosuch_coll"], "invalid choice"),
+    (["all_reduce", "--nranks", "0"], "--nranks"),
+    (["all_reduce", "--nranks", "-3"], "--nranks"),
+    (["all_reduce", "--nranks", "eight"], "--nranks"),
+    (["all_reduce", "--bytes", "1Q"], "1Q"),
+    (["all_reduce", "--bytes", "-5"], "-5"),
+    (["all_reduce", "--no-such-flag"], "--no-such-flag"),
+    ([], "collective"),
+])
+def test_bad_arguments_exit_non_zero(args, fragment):
+    proc = explain(*args, check=False)
+    assert proc.returncode != 0, (args, proc.stdout)
+    assert fragment in proc.stderr, (args, proc.stderr)
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_subcommand_exits_non_zero():
+    proc = subprocess.run([sys.executable, "-m", "gpucoll.algo"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["broadcast", "--nranks", "4", "--root", "9"], "--root"),
+    (["reduce", "--nranks", "4", "--root", "-1"], "--root"),
+    (["gather", "--nranks", "4", "--root", "4", "--steps"], "--root"),
+    (["all_reduce", "--nranks", "8", "--local-size", "-1"], "--local-size"),
+])
+def test_out_of_range_root_or_local_size_exits_non_zero(args, fragment):
+    """Rejected before any table is printed (these were once accepted: a table for 'root 9', exit 0)."""
+    proc = explain(*args, check=False)
+    assert proc.returncode != 0, (args, proc.stdout)
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "<- auto" not in proc.stdout, proc.stdout
