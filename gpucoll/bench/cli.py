@@ -1,6 +1,7 @@
 """gpucoll-bench: nccl-tests' command line and table for gpucoll's collectives.
 
     gpucoll-bench all_reduce --nranks 4 -b 8 -e 64M -f 2
+    gpucoll-bench all_gather --nranks 4 --algo all
     torchrun --nproc-per-node 4 -m gpucoll.bench all_reduce -b 8 -e 64M -f 2
     mpiexec -n 4 gpucoll-bench all_reduce -d all -o all
 
@@ -31,6 +32,10 @@ sizes:       byte counts with optional K, M, G suffixes: 8, 64K, 1M, 2G
 datatypes:   {', '.join(colls.DTYPES)}, or all; comma lists work too
              (bfloat16 needs torch: NumPy has no bfloat16)
 ops:         {', '.join(colls.OPS)}, or all
+collectives: {', '.join(colls.names())}
+             (nccl-tests' spellings work too: allreduce, allgather, reducescatter, alltoall)
+algorithms:  --algo a,b runs one block of rows per algorithm; --algo all runs every algorithm that can serve
+             the collective at this world size (the others are listed as skipped)
 exit status: 0 all results correct, 1 wrong results (#wrong > 0), 2 bad usage or setup, 3 the run failed
 """
 
@@ -102,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "nccl-tests' flags and table.", epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Params()
-    p.add_argument("collective", choices=colls.names(), help="the collective to run")
+    p.add_argument("collective", type=colls.canonical, choices=colls.names(), help="the collective to run")
     p.add_argument("-b", "--minbytes", type=_size("-b/--minbytes"), default=d.minbytes, help="min size in bytes")
     p.add_argument("-e", "--maxbytes", type=_size("-e/--maxbytes"), default=d.maxbytes, help="max size in bytes")
     p.add_argument("-i", "--stepbytes", type=_size("-i/--stepbytes"), default=d.stepbytes,
@@ -116,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verified iterations per row (0: no check, #wrong shows N/A)")
     p.add_argument("-d", "--datatype", type=_choices("datatype", list(colls.DTYPES), colls.ALIASES),
                    default=d.dtypes, help="datatype(s), nccl-tests names, or all")
-    p.add_argument("-o", "--op", type=_choices("op", list(colls.OPS)), default=d.ops, help="reduction op(s) or all")
-    p.add_argument("-r", "--root", type=_int("root", 0), default=d.root, help="root rank (rooted collectives)")
+    p.add_argument("-o", "--op", type=_choices("op", list(colls.OPS)), default=None,
+                   help=f"reduction op(s) or all (reducing collectives; default {d.ops[0]})")
+    p.add_argument("-r", "--root", type=_int("root", 0), default=None,
+                   help=f"root rank (rooted collectives; default {d.root})")
     p.add_argument("-a", "--average", type=int, choices=range(4), default=d.average,
                    help="time shown: 0 rank 0's (default), 1 mean over ranks, 2 min, 3 max")
     p.add_argument("--nranks", type=_int("rank count", 1), default=None,
@@ -127,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpucoll import _C
 
     p.add_argument("--algo", default="auto", help="comma-separated algorithms, each run as its own block of rows: "
-                   f"auto (default) or {', '.join(_C.algorithm_names())}")
+                   f"auto (default), all, or {', '.join(_C.algorithm_names())}")
     p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write every row, the run parameters "
                    "and the environment as JSON")
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
@@ -168,20 +175,12 @@ def parse_args(argv: Optional[list[str]] = None) -> Params:
     if args.stepfactor <= 1 and args.stepbytes == 0:
         parser.error("-i/--stepbytes must be above 0 when -f/--stepfactor is 1")
     coll = colls.get(args.collective)
-    algos = list(dict.fromkeys(a.strip() for a in args.algo.split(",") if a.strip())) or ["auto"]
-    from gpucoll import _C
-
-    known = list(_C.algorithm_names())
-    for a in algos:
-        if a != "auto" and a not in known:
-            parser.error(f"unknown --algo {a!r}: expected auto or one of {', '.join(known)}")
-        if a != "auto" and not _C.algorithm_supports(a, coll.coll_id):
-            parser.error(f"--algo {a!r} cannot run {coll.name}")
+    notes = []
+    algos, algo_all = _parse_algos(parser, coll, args.algo, notes)
     if args.json:
         folder = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             parser.error(f"--json {args.json!r}: folder {folder!r} does not exist or is not writable")
-    notes = []
     dtypes = args.datatype
     if "bfloat16" in dtypes and importlib.util.find_spec("torch") is None:
         if getattr(dtypes, "from_all", False):
@@ -189,13 +188,81 @@ def parse_args(argv: Optional[list[str]] = None) -> Params:
             notes.append("bfloat16 skipped: NumPy has no bfloat16 and torch is not installed")
         else:
             parser.error("-d bfloat16 needs torch (NumPy has no bfloat16); install torch or pick another datatype")
-    if not coll.reduces:
+    if args.op is not None and not coll.reduces:
         notes.append(f"{coll.name} does not reduce: -o is ignored")
+    if args.root is not None and not coll.rooted:
+        notes.append(f"{coll.name} has no root: -r is ignored")
+    if args.root is not None and coll.rooted and args.nranks is not None and args.root >= args.nranks:
+        parser.error(f"-r/--root {args.root} is not a rank of {args.nranks} (--nranks): expected 0 to {args.nranks - 1}")
+    d = Params()
     return Params(coll=args.collective, minbytes=args.minbytes, maxbytes=args.maxbytes, stepbytes=args.stepbytes,
                   stepfactor=args.stepfactor, iters=args.iters, warmup_iters=args.warmup_iters, check=args.check,
-                  dtypes=list(dtypes), ops=list(args.op), root=args.root, algos=algos, average=args.average,
+                  dtypes=list(dtypes), ops=list(args.op or d.ops), root=d.root if args.root is None else args.root,
+                  algos=algos, algo_all=algo_all, average=args.average,
                   json=args.json, timeout=args.timeout, backend=args.backend, nranks=args.nranks,
                   inject_error=args.inject_error, argv=list(sys.argv[1:] if argv is None else argv), notes=notes)
+
+
+def _parse_algos(parser, coll, text: str, notes: list) -> tuple[list[str], bool]:
+    """--algo a,b,c or all -> (algorithms, whether "all" was asked for). A named algorithm that does not implement
+    the collective is a usage error that says why; "all" keeps those that implement it (world-size checks come
+    later, in check_world, once the number of ranks is known)."""
+    from gpucoll import _C
+
+    known = list(_C.algorithm_names())
+    asked = list(dict.fromkeys(a.strip().lower() for a in text.split(",") if a.strip())) or ["auto"]
+    algos, algo_all = [], False
+    for a in asked:
+        if a == "all":
+            algo_all = True
+            if coll.coll_id < 0:
+                notes.append(f"{coll.name} is point-to-point and has no algorithms: --algo all runs auto")
+                algos.append("auto")
+                continue
+            algos += [k for k in known if _C.algorithm_supports(k, coll.coll_id)]
+            skipped = [k for k in known if not _C.algorithm_supports(k, coll.coll_id)]
+            if skipped:
+                notes.append(f"--algo all: skipped {', '.join(skipped)} (they do not implement {coll.name})")
+            continue
+        if a != "auto" and a not in known:
+            parser.error(f"unknown --algo {a!r}: expected auto, all or one of {', '.join(known)}")
+        if a != "auto" and coll.coll_id < 0:
+            parser.error(f"--algo {a}: {coll.name} is point-to-point and has no algorithms (use --algo auto)")
+        if a != "auto" and not _C.algorithm_supports(a, coll.coll_id):
+            why = _C.algorithm_unusable(a, coll.coll_id, 2, 0, 0) or f"{a} does not implement {coll.name}"
+            parser.error(f"--algo {a} cannot run {coll.name}: {why}")
+        algos.append(a)
+    return list(dict.fromkeys(algos)), algo_all
+
+
+def check_world(p: Params, nranks: int) -> None:
+    """What can only be checked once the number of ranks is known: the root, the collective's minimum, and each
+    algorithm at this world size (gpucoll._C.algorithm_unusable). Raises UsageError saying why; algorithms that
+    came from --algo all are dropped with a note instead."""
+    from gpucoll import _C, config
+
+    coll = colls.get(p.coll)
+    if nranks < coll.min_ranks:
+        raise UsageError(f"{coll.name} needs at least {coll.min_ranks} ranks (each rank sends to rank+1 and receives "
+                         f"from rank-1, another rank); got {nranks}: use --nranks {coll.min_ranks} or more")
+    if coll.rooted and p.root >= nranks:
+        raise UsageError(f"-r/--root {p.root} is not a rank of this {nranks}-rank run: expected 0 to {nranks - 1}")
+    if coll.coll_id < 0:
+        return
+    local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
+    root = p.root if coll.rooted else 0
+    kept = []
+    for a in p.algos:
+        why = None if a == "auto" else _C.algorithm_unusable(a, coll.coll_id, nranks, root, local_size)
+        if why is None:
+            kept.append(a)
+        elif p.algo_all:
+            p.notes.append(f"--algo all: skipped {a} at {nranks} ranks: {why}")
+        else:
+            raise UsageError(f"--algo {a} cannot run {coll.name} at {nranks} ranks: {why}")
+    if not kept:
+        raise UsageError(f"no algorithm can run {coll.name} at {nranks} ranks")
+    p.algos = kept
 
 
 def _fit_memory(p: Params, local_ranks: int) -> None:
@@ -229,6 +296,7 @@ def _run(p: Params) -> int:
         from gpucoll.bootstrap import detect_launch
 
         info = detect_launch()
+        check_world(p, info.world_size)
         p.launch = which
         _fit_memory(p, info.local_world_size or 1)
         comm = gpucoll.init(backend=p.backend, timeout=p.timeout)
@@ -238,6 +306,7 @@ def _run(p: Params) -> int:
             comm.close()
         return exit_status([result])
     n = p.nranks or 1
+    check_world(p, n)
     if which is not None:
         p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, spawning local ranks")
     _fit_memory(p, n)
@@ -270,6 +339,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         return _run(p)
+    except UsageError as e:
+        print(f"gpucoll-bench: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("gpucoll-bench: interrupted", file=sys.stderr)
         return 130

@@ -5,6 +5,8 @@ Every rank runs run_rank() with its Communicator. Per (algorithm, dtype, op, siz
 in-place, as nccl-tests' BenchTime does: fill inputs, run the warmup calls, barrier, time `iters` calls (the
 collective calls only; buffers are allocated once at the largest size), then run `check` verified calls on
 fresh inputs. The table shows rank 0's time by default (-a picks avg/min/max over ranks).
+In place uses nccl-tests' layouts (colls.Counts); one that gpucoll refuses shows N/A in every in-place column,
+with a note saying why, and one that nccl-tests does not check (alltoall, sendrecv) shows N/A under #wrong.
 
 Cross-rank bookkeeping (wrong counts, times, rank info) uses the communicator's own all_reduce on tiny float64
 or int64 arrays. A broken collective could garble that bookkeeping, so every rank also returns its own local
@@ -25,6 +27,7 @@ import numpy as np
 
 from gpucoll.bench import colls, report
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
+from gpucoll.errors import InvalidArgument
 
 AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
 
@@ -43,6 +46,7 @@ class Params:
     ops: list[str] = field(default_factory=lambda: ["sum"])
     root: int = 0
     algos: list[str] = field(default_factory=lambda: ["auto"])
+    algo_all: bool = False  # --algo all: algorithms unusable at this world size are skipped, not refused
     average: int = 0
     json: Optional[str] = None
     timeout: float = 300.0
@@ -92,11 +96,12 @@ class _Rank:
         self.errors_local = 0  # checks (size x placement) where this rank saw a wrong element
         self.wrong_local = 0  # wrong elements this rank saw, all checks together
         self.bw_sum = {}  # algo -> [sum of busbw, count]
+        self.refused: str | None = None  # why gpucoll refused nccl-tests' in-place call (said once)
         # Two raw byte buffers at the largest size; rows use prefix views of them (nccl-tests allocates once).
         nbytes = 0
         for name in p.dtypes:
             isz = DTYPES[name].itemsize
-            c = self.coll.byte_counts(p.maxbytes // isz, self.n)
+            c = self.coll.counts(p.maxbytes // isz, self.n, isz)
             nbytes = max(nbytes, c.send * isz, c.recv * isz)
         self.send_buf = np.zeros(nbytes, np.uint8)
         self.recv_buf = np.zeros(nbytes, np.uint8)
@@ -144,6 +149,8 @@ class _Rank:
         return view(self.send_buf, 0, counts.send), view(self.recv_buf, 0, counts.recv)
 
     def bench(self, dt, op: str, algo: str, counts, in_place: bool):
+        """(time us, algbw, busbw, #wrong or None when unchecked), or None when gpucoll refuses this in-place
+        layout."""
         p, coll = self.p, self.coll
         send, recv = self._views(counts, dt, in_place)
         ctx = DataContext(rank=self.rank, nranks=self.n, dtype=dt, op=op, root=p.root, algo=algo, counts=counts,
@@ -151,17 +158,38 @@ class _Rank:
         send_obj, recv_obj = dt.wrap(send), dt.wrap(recv)
         # Ordinary numbers in the buffers while timing: garbage could hold denormals, which are slow on CPUs.
         coll.init_data(ctx)
-        for _ in range(p.warmup_iters):
+
+        def first_call() -> bool:
+            # nccl-tests' in-place layouts put the input inside the output at an offset (all_gather's input is the
+            # rank's slice of its output); gpucoll may refuse such overlaps. Its argument checks run before any
+            # communication and agree on every rank (the layout is the same everywhere), so all ranks refuse the
+            # first call together and stay in step: the row shows N/A instead of failing the run.
+            try:
+                coll.run(self.comm, send_obj, recv_obj, ctx)
+                return True
+            except InvalidArgument as e:
+                if not in_place:
+                    raise
+                if self.refused is None:
+                    self.refused = f"{coll.name} in place not run: gpucoll refuses nccl-tests' in-place layout ({e})"
+                return False
+
+        # The first call is the first warmup call, or the first timed one with -w 0.
+        if p.warmup_iters and not first_call():
+            return None
+        for _ in range(p.warmup_iters - 1):
             coll.run(self.comm, send_obj, recv_obj, ctx)
         self.comm.barrier()
         t0 = time.perf_counter()
-        for _ in range(p.iters):
+        if not p.warmup_iters and not first_call():
+            return None
+        for _ in range(p.iters - (0 if p.warmup_iters else 1)):
             coll.run(self.comm, send_obj, recv_obj, ctx)
         sec = self._time((time.perf_counter() - t0) / p.iters)
         algbw, busbw = coll.get_bw(counts.param, dt.itemsize, sec, self.n) if sec > 0 else (0.0, 0.0)
 
         wrong: Optional[int] = None
-        if p.check > 0:
+        if p.check > 0 and (coll.in_place_checked or not in_place):
             for _ in range(p.check):
                 expects = coll.init_data(ctx)
                 coll.run(self.comm, send_obj, recv_obj, ctx)
@@ -185,14 +213,14 @@ class _Rank:
         op_name = op if coll.reduces else "none"
         root = p.root if coll.rooted else -1
         for size in sizes(p):
-            counts = coll.byte_counts(size // dt.itemsize, self.n)
+            counts = coll.counts(size // dt.itemsize, self.n, dt.itemsize)
             nbytes = max(counts.send, counts.recv) * dt.itemsize
             self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
-            row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters)
+            row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters, coll.name)
             for in_place in (False, True):
                 res = self.bench(dt, op, algo, counts, in_place)
-                self.out.write(report.row_body(*res))
-                row["in_place" if in_place else "out_of_place"] = report.json_result(*res)
+                self.out.write(report.row_body(*res) if res else report.row_body_not_run())
+                row["in_place" if in_place else "out_of_place"] = report.json_result(*(res or (None,) * 4))
             self.out.write("\n")
             self.rows.append(row)
 
@@ -209,6 +237,8 @@ class _Rank:
             for name in p.dtypes:
                 for op in (p.ops if self.coll.reduces else ["sum"]):
                     self.time_test(DTYPES[name], op, algo)
+        if self.refused:
+            self.out.write(f"#\n# {self.refused}\n")
         errors = round(self._sum([self.errors_local])[0])
         total = [sum(v[0] for v in self.bw_sum.values()), sum(v[1] for v in self.bw_sum.values())]
         avg_bw = total[0] / total[1] if total[1] else 0.0

@@ -57,6 +57,11 @@ def row_body(time_us: float, algbw: float, busbw: float, wrong: Optional[int]) -
     return _ROW_BODY % (t, a, b, float(wrong))
 
 
+def row_body_not_run() -> str:
+    """A placement the collective refused (ours: nccl-tests never prints one): N/A in every column."""
+    return _ROW_BODY_NOCHECK % ("N/A", "N/A", "N/A")
+
+
 def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: Optional[dict[str, float]] = None) -> list[str]:
     lines = []
     if per_algo and len(per_algo) > 1:
@@ -107,12 +112,14 @@ class Printer:
         self.write("".join(lines))
 
 
-def json_row(nbytes: int, count: int, type_name: str, op_name: str, root: int, algo: str, iters: int) -> dict:
+def json_row(nbytes: int, count: int, type_name: str, op_name: str, root: int, algo: str, iters: int,
+             collective: str = "") -> dict:
     return {"size": nbytes, "count": count, "type": type_name, "redop": op_name, "root": root,
-            "algo": algo, "actual_iterations": iters, "experiment_name": ""}
+            "collective": collective, "algo": algo, "actual_iterations": iters, "experiment_name": ""}
 
 
-def json_result(time_us: float, algbw: float, busbw: float, wrong: Optional[int]) -> dict:
+def json_result(time_us: float | None, algbw: float | None, busbw: float | None, wrong: int | None) -> dict:
+    """One placement's numbers; all None when it was not run."""
     return {"time": time_us, "alg_bw": algbw, "bus_bw": busbw, "nwrong": None if wrong is None else float(wrong)}
 
 

@@ -2,14 +2,20 @@
 
 nccl-tests' contract, one small file per collective (see all_reduce.py), each exporting ``TEST``, a CollTest:
 
-  byte_counts(count, nranks)    -> Counts: elements sent/received per rank for a row of `count` elements, and
-                                   where an in-place call's input and output sit inside the receive buffer
+  byte_counts(count, nranks[, itemsize]) -> Counts: elements sent/received per rank for a row of `count`
+                                   elements, and where an in-place call's input and output sit inside the
+                                   receive buffer (nccl-tests rounds per-rank blocks to 16 bytes: itemsize)
   init_data(ctx)                -> fill this rank's input (ctx.send, also in place), poison the output when it
                                    is a separate buffer, return the Expects to check
   get_bw(count, itemsize, sec, nranks) -> (algbw, busbw) in GB/s
   run(comm, send, recv, ctx)    -> one call of the collective
 
 Adding a collective is one file here plus one line in _REGISTRY.
+
+In place follows nccl-tests (its startColl): the input sits at recvbuf + send_inplace_offset * rank and the output
+at recvbuf + recv_inplace_offset * rank, so all_gather's input is this rank's slice of its output and
+reduce_scatter's output is this rank's slice of its input. A plugin's run() makes the same call in both cases;
+only the views differ. Where nccl-tests does not check in place (alltoall, sendrecv), in_place_checked is False.
 
 The data helpers below give every rank an input whose reduction is exact in every dtype and for every op,
 whatever order the algorithm combines the ranks in (all partial results are exactly representable), so that
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,6 +39,14 @@ POISON = 0xA5  # byte written to outputs before a checked call: never a value th
 # name on the command line -> module defining TEST. One line per collective.
 _REGISTRY = {
     "all_reduce": "gpucoll.bench.colls.all_reduce",
+    "broadcast": "gpucoll.bench.colls.broadcast",
+    "reduce": "gpucoll.bench.colls.reduce",
+    "all_gather": "gpucoll.bench.colls.all_gather",
+    "reduce_scatter": "gpucoll.bench.colls.reduce_scatter",
+    "all_to_all": "gpucoll.bench.colls.all_to_all",
+    "gather": "gpucoll.bench.colls.gather",
+    "scatter": "gpucoll.bench.colls.scatter",
+    "sendrecv": "gpucoll.bench.colls.sendrecv",
 }
 
 OPS = ("sum", "prod", "max", "min", "avg")  # nccl-tests' order for `-o all`
@@ -76,17 +91,38 @@ class DataContext:
 @dataclass(frozen=True)
 class CollTest:
     name: str
-    coll_id: int  # gpucoll's collective numbering (gpucoll._C.coll_names() order)
+    coll_id: int  # gpucoll's collective numbering (gpucoll._C.coll_names() order); -1: no algorithms (p2p)
     reduces: bool  # False: the redop column reads "none" and -o is ignored
     rooted: bool  # False: the root column reads -1 and -r is ignored
     byte_counts: Callable[[int, int], Counts]
     init_data: Callable[[DataContext], list[Expect]]
     get_bw: Callable[[int, int, float, int], tuple[float, float]]
     run: Callable[[Any, Any, Any, DataContext], Any]
+    in_place_checked: bool = True  # False: in place is timed but #wrong reads N/A (nccl-tests' reportErrors 0)
+    min_ranks: int = 1
+
+    def counts(self, count: int, nranks: int, itemsize: int) -> Counts:
+        """byte_counts, given the element size when the plugin takes it."""
+        if len(inspect.signature(self.byte_counts).parameters) >= 3:
+            return self.byte_counts(count, nranks, itemsize)
+        return self.byte_counts(count, nranks)
 
 
 def names() -> list[str]:
     return list(_REGISTRY)
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def canonical(name: str) -> str:
+    """A collective's registered name from any spelling people use: all_gather, allgather, all-gather, and
+    nccl-tests' binary names (all_gather_perf, alltoall_perf). Unknown names come back unchanged."""
+    text = name.strip().lower()
+    text = text.removesuffix("_perf")
+    by_key = {_key(n): n for n in _REGISTRY}
+    return by_key.get(_key(text), name)
 
 
 def get(name: str) -> CollTest:
@@ -172,6 +208,29 @@ def _values(dt: DType, op: str, nranks: int) -> np.ndarray:
     return rng.integers(0 if unsigned else -100, 201 if unsigned else 101, shape)  # max, min
 
 
+@functools.lru_cache(maxsize=4)
+def sequence(dt: DType, nranks: int) -> np.ndarray:
+    """The data of the collectives that move without reducing, one period in dt's storage: integers as far
+    apart as the dtype represents exactly (about 4,000 distinct values in half, 255 in int8), so that an element
+    taken from the wrong place rarely matches. A rank's share of it starts at an offset (rank * count, block
+    (i, j) at (i * nranks + j) * count): a block delivered from the wrong rank or to the wrong place carries the
+    pattern at another offset, which the prime period makes differ."""
+    rng = np.random.default_rng([_SEED, nranks, 1000 + list(DTYPES).index(dt.name)])
+    lim = min(dt.exact, 2**15 - 1)
+    vals = rng.integers(0 if dt.kind == "u" else -lim, lim + 1, period(nranks))
+    out = dt.to_storage(vals.astype(np.float64) if dt.kind == "f" else vals)
+    out.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def poison_pattern(dt: DType) -> np.ndarray:
+    """One element whose bytes are all POISON: the expected content of an output a call must not touch."""
+    out = np.full(dt.itemsize, POISON, np.uint8).view(dt.storage)
+    out.flags.writeable = False
+    return out
+
+
 def rank_input(dt: DType, op: str, rank: int, nranks: int) -> np.ndarray:
     """Rank `rank`'s input pattern in dt's storage."""
     return _storage_matrix(dt, op, nranks)[rank]
@@ -223,6 +282,21 @@ def fill(buf: np.ndarray, pattern: np.ndarray, offset: int = 0) -> None:
 
 def poison(buf: np.ndarray) -> None:
     buf.view(np.uint8).fill(POISON)
+
+
+def nccl_block(count: int, itemsize: int, nranks: int) -> int:
+    """nccl-tests' per-rank block of the blocked collectives: count / nranks rounded down to 16 bytes."""
+    return (count // nranks) & ~(max(16 // itemsize, 1) - 1)
+
+
+def untouched(buf: np.ndarray, dt: DType, keep: tuple[int, int, np.ndarray, int] | None = None) -> list[Expect]:
+    """Expects for an output a call must leave as it was: all poison, except `keep` = (first, count, pattern,
+    offset), a range that holds the rank's own input (in place, the input lives in the output buffer)."""
+    if keep is None:
+        return [Expect(buf, poison_pattern(dt))]
+    first, count, pattern, offset = keep
+    return [Expect(buf[:first], poison_pattern(dt)), Expect(buf[first:first + count], pattern, offset),
+            Expect(buf[first + count:], poison_pattern(dt))]
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
