@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     print(f"fit over {len(rows)} measurements: c = {c * 1e6:.1f} us, a = {a * 1e6:.2f} us/step, "
           f"b = {b * 1e9:.4f} ns/byte; median |error| {np.median(rel) * 100:.0f}%, max {rel.max() * 100:.0f}%")
     hits = total = 0
+    worst = 1.0
     for p in sorted({r["nranks"] for r in rows}):
         for nbytes in sizes:
             group = [r for r in rows if r["nranks"] == p and r["bytes"] == nbytes]
@@ -80,9 +81,10 @@ def main(argv=None) -> int:
             model = min(group, key=lambda r: a * r["X"] + b * r["Y"])
             total += 1
             hits += best["algo"] == model["algo"]
+            worst = max(worst, model["seconds"] / best["seconds"])
             print(f"  P={p} {nbytes:>10} B: measured best {best['algo']:>16} {best['seconds'] * 1e3:8.3f} ms; "
                   f"model picks {model['algo']:>16} {model['seconds'] * 1e3:8.3f} ms")
-    print(f"model's pick was the measured best in {hits}/{total} cases")
+    print(f"model's pick was the measured best in {hits}/{total} cases; at worst {worst:.2f}x the best's time")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"fit": {"c": c, "a": a, "b": b}, "rows": rows}, f, indent=1)

@@ -30,6 +30,7 @@ struct Counts {
   std::string error;
   int32_t steps = 0;
   int32_t nchunks = 1;
+  bool copy_out = true;  // the result ends in the work buffer and is copied out (not written straight to out)
   double sent_per_byte = 0;
   double recv_per_byte = 0;
 };
@@ -58,6 +59,7 @@ const Counts& counts_for(const Algorithm& a, Coll coll, int nranks, int local_si
       c.ok = true;
       c.steps = r.nsteps;
       c.nchunks = r.nchunks;
+      c.copy_out = shape.result == Space::kWork;
       c.sent_per_byte = static_cast<double>(r.max_bytes_sent()) / static_cast<double>(unit);
       c.recv_per_byte = static_cast<double>(r.max_bytes_recv()) / static_cast<double>(unit);
     }
@@ -82,9 +84,10 @@ CostParams host_cost_params() {
   // Read once per process: this sits on every collective call with algo="auto".
   static const CostParams cached = [] {
   CostParams cp;
-  // Defaults fitted with bench/calibrate_host.py on the 2-core development machine (2026-11): a one-step
-  // schedule on 2 ranks costs about 6 us of synchronisation; moving a byte (read + write, through caches)
-  // about 0.12 ns per rank when each rank has a core.
+  // a and b (selector.h defaults) were fitted with bench/calibrate_host.py (least squares over every
+  // allreduce algorithm at 4 KiB..16 MiB on 2 and 4 ranks) on the 2-core development machine, 2026-11-21:
+  // a = 8-16 us per step and b = 0.11-0.16 ns per byte depending on background load; the defaults sit in
+  // between. Selection depends on their ratio more than on their values.
   cp.segment_bytes = config_bytes("GPUCOLL_HOST_SEGMENT_BYTES");
   cp.buffer_bytes = config_bytes("GPUCOLL_HOST_BUFFER_BYTES");
   cp.cores = online_cores();
@@ -112,7 +115,10 @@ Prediction predict(const Algorithm& a, Coll coll, int nranks, int64_t nbytes, in
   pr.pieces = (nbytes + piece - 1) / piece;
   const int cores = cp.cores > 0 ? cp.cores : online_cores();
   const double oversub = std::max(1.0, static_cast<double>(nranks) / cores);
-  const double moved = c.recv_per_byte * static_cast<double>(nbytes) + 2.0 * static_cast<double>(nbytes);
+  // Bytes through this rank's caches: what it reads from peers, the copy-in, and the copy-out when the result
+  // is not written straight to the output.
+  const double moved =
+      (c.recv_per_byte + 1.0 + (c.copy_out ? 1.0 : 0.0)) * static_cast<double>(nbytes);
   pr.seconds = oversub * (static_cast<double>(pr.pieces) * (c.steps + 1) * cp.a_s + moved * cp.b_s_per_byte);
   return pr;
 }

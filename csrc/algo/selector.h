@@ -14,8 +14,8 @@
 namespace gpucoll::algo {
 
 struct CostParams {
-  double a_s = 6e-6;              // per-step synchronisation, one rank per core
-  double b_s_per_byte = 0.12e-9;  // per byte moved by one rank, one rank per core
+  double a_s = 10e-6;             // per-step synchronisation (see host_cost_params for the source)
+  double b_s_per_byte = 0.15e-9;  // per byte moved by one rank
   int64_t segment_bytes = 256 << 10;
   int64_t buffer_bytes = 16 << 20;
   int cores = 0;                  // 0: the cores this process may run on
