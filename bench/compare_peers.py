@@ -16,6 +16,7 @@ size / time * 2(n-1)/n as in nccl-tests.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -52,28 +53,41 @@ def _check(x: np.ndarray, nranks: int, who: str) -> None:
 
 
 # -- gpucoll --------------------------------------------------------------------------------------------
-def _gpucoll_rank(comm, plan):
+def _gpucoll_rank(comm, plan, algo="auto"):
     times = []
     for nbytes, warmup, iters in plan:
         x = np.full(nbytes // 4, comm.rank + 1, np.float32)
-        comm.all_reduce(x)
-        _check(x, comm.world_size, "gpucoll")
+        comm.all_reduce(x, algo=algo)
+        _check(x, comm.world_size, f"gpucoll:{algo}")
         x[:] = 0
         for _ in range(warmup):
-            comm.all_reduce(x)
+            comm.all_reduce(x, algo=algo)
         comm.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            comm.all_reduce(x)
+            comm.all_reduce(x, algo=algo)
         times.append((time.perf_counter() - t0) / iters)
     return times
 
 
-def run_gpucoll(nranks, plan, timeout):
+def run_gpucoll(nranks, plan, timeout, algo="auto"):
     import gpucoll
 
-    per_rank = gpucoll.spawn(_gpucoll_rank, nranks, args=(plan,), backend="host", timeout=timeout)
+    per_rank = gpucoll.spawn(_gpucoll_rank, nranks, args=(plan, algo), backend="host", timeout=timeout)
     return [max(t[i] for t in per_rank) for i in range(len(plan))]
+
+
+def memcpy_seconds(nbytes: int, repeats: int = 5) -> float:
+    """One core copying nbytes (NumPy copyto), best of `repeats`: the machine's per-core copy roofline."""
+    src = np.ones(max(nbytes // 4, 1), np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 # -- gloo -----------------------------------------------------------------------------------------------
@@ -209,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=None, help="timed calls per size (default: by size)")
     ap.add_argument("--warmup", type=int, default=None, help="warmup calls per size (default: by size)")
     ap.add_argument("--peers", default="gpucoll,gloo,mpi", help="which to run, comma-separated")
+    ap.add_argument("--algos", default="auto",
+                    help="gpucoll algorithms to run, comma-separated, or 'all' (each becomes its own column)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--_mpi-worker", dest="mpi_worker", help=argparse.SUPPRESS)
@@ -223,6 +239,12 @@ def main(argv=None) -> int:
     plan = _plan(sizes, args.iters, args.warmup)
     n = args.nranks
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    if algos == ["all"]:
+        algos = ["auto"] + [a for a in _C.algorithm_names() if _C.algorithm_unusable(a, 0, n, 0, 0) is None]
+    if "gpucoll" in peers:
+        i = peers.index("gpucoll")
+        peers[i:i + 1] = ["gpucoll" if a == "auto" else f"gpucoll:{a}" for a in algos]
     results, skipped, versions = {}, {}, {"gpucoll": __version__}
     for peer in peers:
         if peer == "gloo":
@@ -241,7 +263,10 @@ def main(argv=None) -> int:
             from mpi4py import MPI
 
             versions["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
-        runner = {"gpucoll": run_gpucoll, "gloo": run_gloo, "mpi": run_mpi}[peer]
+        if peer.startswith("gpucoll:"):
+            runner = functools.partial(run_gpucoll, algo=peer.split(":", 1)[1])
+        else:
+            runner = {"gpucoll": run_gpucoll, "gloo": run_gloo, "mpi": run_mpi}[peer]
         t0 = time.time()
         try:
             results[peer] = runner(n, plan, args.timeout)
@@ -277,6 +302,22 @@ def main(argv=None) -> int:
                 line += f" {ratio:>13.2f}"
         print(line)
         rows.append(row)
+    # The roofline: an allreduce must at least read every rank's input and write every rank's output, i.e.
+    # copy P buffers, spread over the machine's cores. Measured here, in the same run.
+    cores = os.cpu_count() or 1
+    print(f"# memory roofline ({cores} cores): one core copying the buffer, and the lower bound P copies / cores")
+    for i, (nbytes, _, _) in enumerate(plan):
+        t_copy = memcpy_seconds(nbytes)
+        t_min = n * t_copy / min(cores, n)
+        line = (f"# {_size_str(nbytes):>6}: memcpy {t_copy * 1e3:.3f} ms ({2 * nbytes / t_copy / 1e9:.1f} GB/s "
+                f"read+write), bound {t_min * 1e3:.3f} ms;")
+        best = {p: results[p][i] for p in ran if p.startswith("gpucoll")}
+        if best:
+            who = min(best, key=best.get)
+            line += f" best gpucoll ({who}) at {t_min / best[who] * 100:.0f}% of the bound"
+        rows[i]["memcpy_ms"] = t_copy * 1e3
+        rows[i]["roofline_ms"] = t_min * 1e3
+        print(line)
     if args.json:
         doc = {"nranks": n, "dtype": "float32", "op": "sum", "in_place": True, "time": "slowest rank's mean",
                "hostname": platform.node(), "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
