@@ -23,6 +23,8 @@ __all__ = [
     "init",
     "spawn",
     "Communicator",
+    "premul_sum",
+    "Work",
     "errors",
     "GpucollError",
     "InvalidArgument",
@@ -42,6 +44,10 @@ def __getattr__(name):
         from gpucoll import communicator
 
         return getattr(communicator, name)
+    if name in ("premul_sum", "Work"):
+        from gpucoll import _nccl_backend
+
+        return getattr(_nccl_backend, name)
     if name == "spawn":
         from gpucoll._spawn import spawn
 

@@ -1,7 +1,9 @@
 """Buffer resolution: the one place that turns user arrays into (pointer, count, dtype, device).
 
-Accepted today: NumPy arrays and CPU torch tensors, contiguous, used zero-copy. torch is never imported
-here: a tensor is recognised by its type's module, so NumPy-only users never pay for torch.
+Accepted: NumPy arrays and torch tensors (CPU or CUDA), contiguous, used zero-copy; CuPy arrays and other CUDA
+arrays (``__cuda_array_interface__``, ``__dlpack__``) through ``_cuda_buffers``. torch is never imported here: a
+tensor is recognised by its type's module, so NumPy-only users never pay for torch. Which memory a backend accepts
+is the Communicator's check (host: "cpu"; nccl: its CUDA device).
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ _DTYPES = {
     "int": "int32",
 }
 SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
+# fp8 (torch.float8_e4m3fn / float8_e5m2, DLPack): only the nccl backend takes them (NCCL >= 2.24).
+FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 class Buffer:
     """A resolved array: what the backends need to know about it. Built on every call, so kept light."""
 
-    __slots__ = ("obj", "kind", "ptr", "count", "dtype", "dtype_name", "itemsize", "shape", "device")
+    __slots__ = ("obj", "kind", "ptr", "count", "dtype", "dtype_name", "itemsize", "shape", "device", "keep",
+                 "stream")
 
-    def __init__(self, obj, kind, ptr, count, dtype, dtype_name, itemsize, shape, device):
+    def __init__(self, obj, kind, ptr, count, dtype, dtype_name, itemsize, shape, device, keep=None, stream=None):
         self.obj = obj
         self.kind = kind  # "numpy" | "torch"
         self.ptr = ptr
@@ -44,7 +49,9 @@ class Buffer:
         self.dtype_name = dtype_name
         self.itemsize = itemsize
         self.shape = shape
-        self.device = device  # "cpu" or "cuda:N"
+        self.device = device  # "cpu", "cuda:N", or "cuda" (a __cuda_array_interface__ pointer: device unknown)
+        self.keep = keep  # what must stay alive while the buffer is in use (a DLPack capsule)
+        self.stream = stream  # the producer's stream of a __cuda_array_interface__ (v3), else None
 
     @property
     def nbytes(self) -> int:
@@ -65,6 +72,8 @@ def _dtype_enum(name: str, arg: str):
     from gpucoll import _C
 
     canonical = _DTYPES.get(name)
+    if canonical is None and name in FP8:
+        canonical = name
     if canonical is None:
         raise Unsupported(f"{arg} has dtype {name}, which gpucoll does not support; expected one of "
                           f"{', '.join(SUPPORTED)}")
@@ -81,8 +90,13 @@ def resolve(x, arg: str = "x", *, writable: bool = False) -> Buffer:
         np = None
     if np is not None and isinstance(x, np.ndarray):
         return _resolve_numpy(x, arg, writable)
-    raise InvalidArgument(f"{arg} must be a NumPy array or a torch tensor, got {type(x).__module__}."
-                          f"{type(x).__qualname__}")
+    from gpucoll import _cuda_buffers
+
+    buf = _cuda_buffers.resolve(x, arg, writable)
+    if buf is not None:
+        return buf
+    raise InvalidArgument(f"{arg} must be a NumPy array, a torch tensor, a CuPy array or a CUDA array with "
+                          f"__cuda_array_interface__ or __dlpack__; got {type(x).__module__}.{type(x).__qualname__}")
 
 
 _NUMPY_DTYPES: dict = {}  # numpy dtype -> (DType, canonical name); filled on first use of each dtype
@@ -126,6 +140,10 @@ def empty_like(buf: Buffer, count: int, shape: Optional[tuple] = None):
         import torch
 
         return torch.empty(shape, dtype=buf.obj.dtype, device=buf.obj.device)
+    if buf.kind != "numpy":
+        from gpucoll import _cuda_buffers
+
+        return _cuda_buffers.empty_like(buf, count, shape)
     import numpy as np
 
     return np.empty(shape, dtype=buf.obj.dtype)

@@ -9,6 +9,7 @@ and ``exc.results`` with the values of the ranks that did return).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import socket
@@ -25,8 +26,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results):
+def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results, env=None):
     try:
+        # Before gpucoll (and NCCL, which reads its variables at init) does anything in this process.
+        os.environ.update(env or {})
         from gpucoll.communicator import init
 
         comm = init(rank, nranks, backend=backend, address="127.0.0.1", port=port, timeout=timeout, **init_kwargs)
@@ -48,16 +51,28 @@ def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results
 
 def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend: str = "auto",
           timeout: float = 300.0, **init_kwargs) -> list:
-    """Start `nranks` local processes, call ``fn(comm, *args)`` in each, return the results ordered by rank."""
+    """Start `nranks` local processes, call ``fn(comm, *args)`` in each, return the results ordered by rank.
+
+    backend='nccl' gives rank r GPU r; with more ranks than GPUs, ranks share them through NCCL's multi-rank mode
+    (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1 is set for the workers), and otherwise this raises Unsupported
+    saying why. backend='auto' uses NCCL when that works here, else the host backend."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable; got {type(fn).__name__}")
+    worker_env: dict = {}
+    if backend in ("auto", "nccl"):
+        # Decided here, before any worker starts: a missing GPU or NCCL is one clear error, not N failed ranks.
+        # (The CUDA probe initialises the driver in this process, which is safe: workers are spawned, not forked.)
+        from gpucoll._nccl_backend import spawn_plan
+
+        backend, worker_env = spawn_plan(nranks, backend)
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, name=f"gpucoll-rank{r}",
-                         args=(fn, r, nranks, port, backend, timeout, tuple(args), init_kwargs, results_q),
+                         args=(fn, r, nranks, port, backend, timeout, tuple(args), init_kwargs, results_q,
+                               worker_env),
                          daemon=True)
              for r in range(nranks)]
     for p in procs:

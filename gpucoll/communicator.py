@@ -33,7 +33,11 @@ def _parse_op(op):
     if isinstance(op, str) and op.lower() in OPS:
         _OP_CACHE[op] = getattr(_C.RedOp, op.lower())
         return _OP_CACHE[op]
-    raise InvalidArgument(f"op must be one of {', '.join(OPS)}; got {op!r}")
+    from gpucoll._nccl_backend import PreMulSum
+
+    if type(op) is PreMulSum:
+        return op
+    raise InvalidArgument(f"op must be one of {', '.join(OPS)} or gpucoll.premul_sum(scalar); got {op!r}")
 
 
 def _resolve_backend(backend: str) -> str:
@@ -42,13 +46,50 @@ def _resolve_backend(backend: str) -> str:
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
-        backend = config.get("GPUCOLL_BACKEND").strip().lower() or "host"
-        if backend not in BACKENDS[1:]:
+        backend = config.get("GPUCOLL_BACKEND").strip().lower() or "auto"
+        if backend not in BACKENDS:
             raise InvalidArgument(f"GPUCOLL_BACKEND must be one of host, nccl, custom; got {backend!r}")
-    if backend in ("nccl", "custom"):
+    if backend == "auto":
+        from gpucoll import _nccl_backend
+
+        # NCCL when the buffers will be CUDA: a usable GPU exists and NCCL loads.
+        return "nccl" if _nccl_backend.auto_selects_nccl() else "host"
+    if backend == "nccl":
+        from gpucoll import _nccl_backend
+
+        _nccl_backend.check_usable()
+    if backend == "custom":
         raise Unsupported(f"backend {backend!r} is not available in this version of gpucoll yet; use "
-                          f"backend='host' for CPU arrays")
+                          f"backend='nccl' for CUDA arrays or backend='host' for CPU arrays")
     return backend
+
+
+_KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",
+               "dlpack": "DLPack array"}
+_HOST_STREAM = "stream= applies to the nccl backend; the host backend runs each operation on the calling thread"
+
+
+def _check_host_buffer(buf, arg: str) -> None:
+    """The host backend's placement rule: CPU memory, and no fp8 (it has no fp8 arithmetic)."""
+    if buf.device != "cpu":
+        what = _KIND_NAMES.get(buf.kind, f"{buf.kind} array")
+        where = "CUDA memory" if buf.device == "cuda" else f"CUDA memory ({buf.device})"
+        raise InvalidArgument(f"{arg} is a {what} in {where}, but this communicator uses the host backend, which "
+                              f"works on CPU memory: create it with backend='nccl' for CUDA arrays, or copy {arg} to "
+                              f"the host first")
+    if buf.dtype_name in _buffers.FP8:
+        raise Unsupported(f"{arg} has dtype {buf.dtype_name}: only the nccl backend handles fp8 (NCCL >= 2.24); the "
+                          f"host backend supports {', '.join(_buffers.SUPPORTED)}")
+
+
+def _result(work, value):
+    """What an async_op=True call returns: the backend's Work (nccl), or a completed one (host)."""
+    if work is None:
+        from gpucoll._nccl_backend import CompletedWork
+
+        return CompletedWork(value)
+    work._result = value
+    return work
 
 
 class Communicator:
@@ -66,6 +107,10 @@ class Communicator:
         self._local_size = local_size
         self._group = None
         self._group_depth = 0
+        self._close_reason = "close() was called"
+        self._nccl = backend == "nccl"
+        # Which memory the backend takes: the NCCL backend checks its device, the host backend CPU memory.
+        self._check_buffer = impl.check_buffer if self._nccl else _check_host_buffer
 
     # -- properties ---------------------------------------------------------------------------------------
     @property
@@ -83,6 +128,11 @@ class Communicator:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def device(self) -> str:
+        """Where this communicator's buffers live: "cuda:N" (nccl backend) or "cpu"."""
+        return f"cuda:{self._impl.device}" if self._nccl else "cpu"
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -107,9 +157,22 @@ class Communicator:
         self.close()
         return False
 
+    def abort(self) -> None:
+        """Stop at once without waiting for issued operations (nccl: ncclCommAbort, which also ends kernels
+        waiting on peers), then close. Idempotent; later calls raise InvalidUsage."""
+        if self._closed:
+            return
+        abort = getattr(self._impl, "abort", None)
+        try:
+            if abort is not None:
+                abort(f"abort() was called on rank {self._rank}")
+        finally:
+            self._close_reason = "abort() was called"
+            self.close()
+
     def _check_open(self, what: str) -> None:
         if self._closed:
-            raise InvalidUsage(f"{what} on a closed communicator (close() was called)")
+            raise InvalidUsage(f"{what} on a closed communicator ({self._close_reason})")
 
     # -- collectives --------------------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -117,109 +180,117 @@ class Communicator:
         self._check_open("barrier")
         self._impl.barrier()
 
-    def all_reduce(self, x, out=None, op="sum", algo="auto"):
+    def all_reduce(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` element-wise across ranks with `op`; every rank gets the result.
 
         In place when `out` is None (the result is written to `x`, which is returned); otherwise `out` must
         have x's size and dtype and not overlap it, and is returned.
         """
         self._check_open("all_reduce")
-        src = _buffers.resolve(x, "x", writable=out is None)
+        src = self._resolve(x, "x", writable=out is None)
         dst = self._resolve_out(src, out, src.count)
         redop = _parse_op(op)
-        self._run(ALL_REDUCE, algo, src, dst, src.count, redop, 0)
-        return dst.obj
+        work = self._run(ALL_REDUCE, algo, src, dst, src.count, redop, 0, stream, async_op)
+        return _result(work, dst.obj) if async_op else dst.obj
 
-    def broadcast(self, x, root=0, algo="auto"):
+    def broadcast(self, x, root=0, algo="auto", *, stream=None, async_op=False):
         """Copy root's `x` into `x` on every rank (in place); returns `x`."""
         self._check_open("broadcast")
         root = self._check_rank(root, "root")
-        src = _buffers.resolve(x, "x", writable=True)
-        self._run(BROADCAST, algo, src, src, src.count, None, root)
-        return x
+        src = self._resolve(x, "x", writable=True)
+        work = self._run(BROADCAST, algo, src, src, src.count, None, root, stream, async_op)
+        return _result(work, x) if async_op else x
 
-    def reduce(self, x, out=None, op="sum", root=0, algo="auto"):
+    def reduce(self, x, out=None, op="sum", root=0, algo="auto", *, stream=None, async_op=False):
         """Reduce `x` across ranks onto `root`: the result lands in `out` (or `x` when out is None) on root;
         other ranks' buffers are left as they were. Returns the output array on root, `x` elsewhere."""
         self._check_open("reduce")
         root = self._check_rank(root, "root")
         redop = _parse_op(op)
-        src = _buffers.resolve(x, "x", writable=out is None and self._rank == root)
+        src = self._resolve(x, "x", writable=out is None and self._rank == root)
         # `out` is checked wherever it is given, root or not: an argument error must stop every rank that made
         # it, or the ranks that went ahead would run this collective alone and fall out of step.
         dst = self._resolve_out(src, out, src.count) if self._rank == root or out is not None else src
-        self._run(REDUCE, algo, src, dst, src.count, redop, root)
-        return dst.obj if self._rank == root else src.obj
+        work = self._run(REDUCE, algo, src, dst, src.count, redop, root, stream, async_op)
+        result = dst.obj if self._rank == root else src.obj
+        return _result(work, result) if async_op else result
 
-    def all_gather(self, x, out=None, algo="auto"):
+    def all_gather(self, x, out=None, algo="auto", *, stream=None, async_op=False):
         """Concatenate every rank's `x` along axis 0 in rank order: ``world_size * len(x)`` rows."""
         self._check_open("all_gather")
-        src = _buffers.resolve(x, "x")
+        src = self._resolve(x, "x")
         shape = self._scaled_shape(src, self._world_size)
         dst = self._resolve_out(src, out, src.count * self._world_size, shape)
-        self._run(ALL_GATHER, algo, src, dst, src.count, None, 0)
-        return dst.obj
+        work = self._run(ALL_GATHER, algo, src, dst, src.count, None, 0, stream, async_op)
+        return _result(work, dst.obj) if async_op else dst.obj
 
-    def reduce_scatter(self, x, out=None, op="sum", algo="auto"):
+    def reduce_scatter(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` across ranks and give rank r the r-th of ``world_size`` equal blocks along axis 0."""
         self._check_open("reduce_scatter")
         redop = _parse_op(op)
-        src = _buffers.resolve(x, "x")
+        src = self._resolve(x, "x")
         shape = self._split_shape(src, "reduce_scatter")
         n = src.count // self._world_size
         dst = self._resolve_out(src, out, n, shape)
-        self._run(REDUCE_SCATTER, algo, src, dst, n, redop, 0)
-        return dst.obj
+        work = self._run(REDUCE_SCATTER, algo, src, dst, n, redop, 0, stream, async_op)
+        return _result(work, dst.obj) if async_op else dst.obj
 
-    def all_to_all(self, x, out=None, algo="auto"):
+    def all_to_all(self, x, out=None, algo="auto", *, stream=None, async_op=False):
         """Block j (of ``world_size`` along axis 0) of rank i lands as block i on rank j."""
         self._check_open("all_to_all")
-        src = _buffers.resolve(x, "x")
+        src = self._resolve(x, "x")
         self._split_shape(src, "all_to_all")
         dst = self._resolve_out(src, out, src.count, tuple(src.shape), alias_ok=False)
-        self._run(ALL_TO_ALL, algo, src, dst, src.count // self._world_size, None, 0)
-        return dst.obj
+        work = self._run(ALL_TO_ALL, algo, src, dst, src.count // self._world_size, None, 0, stream, async_op)
+        return _result(work, dst.obj) if async_op else dst.obj
 
-    def gather(self, x, out=None, root=0, algo="auto"):
+    def gather(self, x, out=None, root=0, algo="auto", *, stream=None, async_op=False):
         """Concatenate every rank's `x` along axis 0 on `root`. Returns the result on root, None elsewhere."""
         self._check_open("gather")
         root = self._check_rank(root, "root")
-        src = _buffers.resolve(x, "x")
+        src = self._resolve(x, "x")
         is_root = self._rank == root
         dst = self._resolve_out(src, out, src.count * self._world_size,
                                 self._scaled_shape(src, self._world_size)) if is_root or out is not None else src
-        self._run(GATHER, algo, src, dst, src.count, None, root)
-        return dst.obj if is_root else None
+        work = self._run(GATHER, algo, src, dst, src.count, None, root, stream, async_op)
+        value = dst.obj if is_root else None
+        return _result(work, value) if async_op else value
 
-    def scatter(self, x, out=None, root=0, algo="auto"):
+    def scatter(self, x, out=None, root=0, algo="auto", *, stream=None, async_op=False):
         """Rank r receives block r of root's `x` (``world_size`` equal blocks along axis 0). `x` must have the
         same shape on every rank (only root's content is read); returns this rank's block."""
         self._check_open("scatter")
         root = self._check_rank(root, "root")
-        src = _buffers.resolve(x, "x")
+        src = self._resolve(x, "x")
         shape = self._split_shape(src, "scatter")
         n = src.count // self._world_size
         dst = self._resolve_out(src, out, n, shape)
-        self._run(SCATTER, algo, src, dst, n, None, root)
-        return dst.obj
+        work = self._run(SCATTER, algo, src, dst, n, None, root, stream, async_op)
+        return _result(work, dst.obj) if async_op else dst.obj
 
-    def send(self, x, peer):
+    def send(self, x, peer, *, stream=None, async_op=False):
         """Send `x` to rank `peer`, which must post a matching recv of the same size."""
         self._check_open("send")
-        self._p2p(True, x, peer)
+        work = self._p2p(True, x, peer, stream, async_op)
+        return _result(work, None) if async_op else None
 
-    def recv(self, x, peer):
+    def recv(self, x, peer, *, stream=None, async_op=False):
         """Receive into `x` (filled in place) from rank `peer`; returns `x`."""
         self._check_open("recv")
-        self._p2p(False, x, peer)
-        return x
+        work = self._p2p(False, x, peer, stream, async_op)
+        return _result(work, x) if async_op else x
 
     @contextlib.contextmanager
     def group(self):
         """Issue several operations as one, like ncclGroupStart/End: sends and receives inside the block
         are queued and progress together when it exits, so matching pairs never deadlock whatever their
-        order. Collectives inside the block run in issue order."""
+        order. Collectives inside the block run in issue order. On the nccl backend the block is
+        ncclGroupStart/ncclGroupEnd: everything in it launches together when the outermost block exits."""
         self._check_open("group")
+        if self._nccl:
+            with self._impl.group():
+                yield self
+            return
         if self._group is not None:
             self._group_depth += 1
             try:
@@ -239,15 +310,24 @@ class Communicator:
                 self._impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
 
     # -- helpers ------------------------------------------------------------------------------------------
-    def _p2p(self, send: bool, x, peer) -> None:
+    def _p2p(self, send: bool, x, peer, stream=None, async_op=False):
         peer = self._check_rank(peer, "peer")
         if peer == self._rank:
             raise InvalidArgument(f"peer must be another rank than this one ({self._rank}); got {peer}")
-        buf = _buffers.resolve(x, "x", writable=not send)
+        buf = self._resolve(x, "x", writable=not send)
+        if self._nccl:
+            return self._impl.p2p(send, peer, buf, stream, async_op)
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
         if self._group is not None:
             self._group.append((send, peer, buf))
         else:
             self._impl.p2p([(send, peer, buf.ptr, buf.nbytes)])
+
+    def _resolve(self, x, arg: str, writable: bool = False):
+        buf = _buffers.resolve(x, arg, writable=writable)
+        self._check_buffer(buf, arg)
+        return buf
 
     def _check_rank(self, value, name: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -268,9 +348,18 @@ class Communicator:
                                   f"{rows} (shape {src.shape})")
         return (rows // self._world_size, *src.shape[1:]) if src.shape else (1,)
 
-    def _run(self, coll: int, algo, src, dst, count: int, redop, root: int) -> None:
+    def _run(self, coll: int, algo, src, dst, count: int, redop, root: int, stream=None, async_op=False):
+        """Hands one collective to the backend; returns the nccl backend's Work for async_op, else None."""
+        if self._nccl:
+            # NCCL picks its own algorithm: `algo` is accepted for a uniform API and not used.
+            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op)
         from gpucoll import _C
 
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        if redop is not None and type(redop) is not _C.RedOp:
+            raise Unsupported(f"{redop!r} needs the nccl backend; the host backend reduces with sum, prod, min, max "
+                              f"and avg")
         if self._group is not None and self._group:
             # Collectives keep their order relative to each other; queued p2p goes first so a group that
             # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
@@ -280,18 +369,20 @@ class Communicator:
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
         self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size)
+        return None
 
     def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True):
         if out is None:
             if shape is None:
                 return src
-            return _buffers.resolve(_buffers.empty_like(src, count, shape), "out", writable=True)
-        dst = _buffers.resolve(out, "out", writable=True)
+            return self._resolve(_buffers.empty_like(src, count, shape), "out", writable=True)
+        dst = self._resolve(out, "out", writable=True)
         if dst.dtype != src.dtype:
             raise InvalidArgument(f"out must have x's dtype {src.dtype_name}; got {dst.dtype_name}")
         if dst.count != count:
             raise InvalidArgument(f"out must have {count} elements; got {dst.count} (shape {dst.shape})")
-        if dst.kind != src.kind or dst.device != src.device:
+        # (nccl: both were checked to be on the communicator's device; CUDA arrays of different kinds may mix)
+        if not self._nccl and (dst.kind != src.kind or dst.device != src.device):
             raise InvalidArgument(f"out must be a {src.kind} array on {src.device} like x; got a {dst.kind} "
                                   f"array on {dst.device}")
         if dst.overlaps(src) and (dst.ptr != src.ptr or not alias_ok or dst.count != src.count):
@@ -311,12 +402,21 @@ class Communicator:
 
 def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backend: str = "auto",
          address: Optional[str] = None, port: Optional[int] = None, timeout: float = 300.0,
-         local_size: Optional[int] = None) -> Communicator:
+         local_size: Optional[int] = None, device=None, local_rank: Optional[int] = None, from_torch=None,
+         mpi_comm=None) -> Communicator:
     """Create this rank's communicator. Missing values come from the launcher's environment (torchrun,
     Open MPI, MPICH/PMI, Slurm); rank 0 hosts the rendezvous store at address:port.
 
     `local_size` (or GPUCOLL_LOCAL_SIZE) declares ranks per node for hierarchical algorithms; on one machine
-    it lays out virtual nodes of that many consecutive ranks."""
+    it lays out virtual nodes of that many consecutive ranks.
+
+    backend: 'host' (CPU arrays), 'nccl' (CUDA arrays), or 'auto' (GPUCOLL_BACKEND, else nccl when a GPU is
+    usable and NCCL loads, else host). The nccl backend runs on `device` (an index, 'cuda:N' or torch.device),
+    by default the GPU numbered like this rank's local rank (`local_rank`, else LOCAL_RANK or the launcher's
+    equivalent); `timeout` also bounds NCCL's init, and is the watchdog's limit for every collective.
+
+    from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
+    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store)."""
     from gpucoll import _C
     from gpucoll.bootstrap import TCPStore, detect_launch
 
@@ -329,11 +429,32 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backen
         local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
     if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 0:
         raise InvalidArgument(f"local_size must be a non-negative int (0: one node); got {local_size!r}")
-    launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port)
+    if device is not None and kind != "nccl":
+        raise InvalidArgument(f"device= applies to the nccl backend; this communicator uses the {kind} backend")
+    if from_torch is not None or mpi_comm is not None:
+        given = [n for n, v in (("rank", rank), ("world_size", world_size), ("address", address), ("port", port),
+                                ("mpi_comm" if from_torch is not None else "from_torch",
+                                 mpi_comm if from_torch is not None else from_torch)) if v is not None]
+        if given:
+            raise InvalidArgument(f"{', '.join(given)} cannot be combined with "
+                                  f"{'from_torch' if from_torch is not None else 'mpi_comm'}: the group supplies them")
+        from gpucoll.bootstrap import external
+
+        if from_torch is not None:
+            launch, store = external.from_torch(from_torch, timeout, local_rank)
+        else:
+            launch, store = external.from_mpi(mpi_comm, timeout, local_rank)
+    else:
+        launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
+        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
     _C.set_log_rank(launch.rank)
-    store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
     try:
-        impl = _init_host(launch, store, timeout)
+        if kind == "nccl":
+            from gpucoll import _nccl_backend
+
+            impl = _nccl_backend.init_backend(launch, store, timeout, device)
+        else:
+            impl = _init_host(launch, store, timeout)
     except BaseException:
         store.close()
         raise

@@ -113,8 +113,31 @@ def collect() -> dict:
     if not nccl["loaded"]:
         nccl["install_hint"] = _nccl.install_hint(cuda.get("driver_version"))
     info["nccl"] = nccl
+    info["device_map"] = _device_map(cuda, nccl)
     info["config"] = [dict(v) for v in C.config_vars()]
     return info
+
+
+def _device_map(cuda: dict, nccl: dict) -> dict:
+    """Which GPU each local rank of the nccl backend would use here (gpucoll._nccl_backend.pick_device)."""
+    from gpucoll import _nccl_backend
+    from gpucoll.bootstrap import detect_launch
+
+    count = int(cuda.get("device_count") or 0)
+    try:
+        launch = detect_launch()
+        local, source = launch.local_world_size, f"{launch.launcher} launcher"
+        this = launch.local_rank
+    except Exception:  # noqa: BLE001 - no launcher: show one rank per visible GPU
+        local, source, this = max(count, 1), "no launcher: one rank per GPU", None
+    shared = bool(nccl.get("loaded")) and _nccl_backend.multi_rank_enabled(nccl.get("version") or 0)
+    return {
+        "local_world_size": local,
+        "source": source,
+        "this_local_rank": this,
+        "shared_gpus": shared,
+        "map": [[lr, dev] for lr, dev in _nccl_backend.device_map(local, count, shared)],
+    }
 
 
 def _fmt_bytes(n: int) -> str:
@@ -161,6 +184,13 @@ def format_text(info: dict) -> str:
     else:
         lines.append(f"NCCL: not available: {nccl['reason']}")
         lines.append(f"  install: {nccl['install_hint']}")
+    dmap = info.get("device_map")
+    if dmap:
+        lines.append(f"nccl device per local rank ({dmap['source']}; LOCAL_RANK picks, device= overrides"
+                     + ("; ranks share GPUs via NCCL_MULTI_RANK_GPU_ENABLE" if dmap["shared_gpus"] else "") + "):")
+        for lr, dev in dmap["map"]:
+            mark = "  <- this process" if lr == dmap["this_local_rank"] else ""
+            lines.append(f"  local rank {lr} -> " + (f"cuda:{dev}" if dev is not None else "no GPU") + mark)
     nvml = info["nvml"]
     if nvml["available"]:
         lines.append(f"NVML: available (driver {nvml.get('driver_version') or '?'})")

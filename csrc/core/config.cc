@@ -17,6 +17,9 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_NCCL_LIBRARY", VarType::kString, "",
        "Path of libnccl.so.2 to load; when empty gpucoll tries a copy already loaded in the process, an "
        "installed nvidia-nccl-cu13/-cu12 wheel, then the system loader."},
+      {"GPUCOLL_NCCL_WATCHDOG_MS", VarType::kInt, "100",
+       "How often (milliseconds) the NCCL backend's watchdog checks for timed-out collectives and asynchronous "
+       "NCCL errors; ranks publish their progress to the store at most every max(this, 500 ms)."},
       {"GPUCOLL_BACKEND", VarType::kString, "",
        "Backend when gpucoll.init(backend='auto'): host, nccl or custom. Empty: GPU backends when a GPU is "
        "usable, else host."},

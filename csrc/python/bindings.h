@@ -16,5 +16,7 @@ void bind_host(pybind11::module_& m);
 void bind_algo(pybind11::module_& m);
 // runtime.cc: build info, CUDA runtime/driver probe, NCCL loader state, CUDA primitives.
 void bind_runtime(pybind11::module_& m);
+// nccl.cc: the NCCL communicator (CUDA builds; elsewhere it raises Unsupported) and NCCL feature gates.
+void bind_nccl(pybind11::module_& m);
 
 }  // namespace gpucoll::python

@@ -34,6 +34,10 @@ void bind_host(py::module_& m) {
              DType dtype, RedOp op, int root, int local_size) {
             const algo::Algorithm* a = algo::find_algorithm(algo_name);
             if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
+            if (dtype_is_fp8(dtype)) {
+              GPUCOLL_THROW(ErrorCode::kUnsupported, "", "the host backend has no ", dtype_name(dtype),
+                            " arithmetic: fp8 collectives need the nccl backend (NCCL >= 2.24, sm_90+)");
+            }
             host::CollArgs args;
             args.coll = static_cast<algo::Coll>(coll);
             args.in = reinterpret_cast<const void*>(in);

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   gpucoll::python::bind_host(m);
   gpucoll::python::bind_algo(m);
   gpucoll::python::bind_runtime(m);
+  gpucoll::python::bind_nccl(m);
 }

@@ -1,0 +1,596 @@
+"""The NCCL backend, Python side: whether it can run here (and why not), which GPU a rank uses, bootstrap through
+the rendezvous store, the Communicator's implementation object, ``Work`` handles, ``premul_sum`` and the watchdog.
+
+The C++ side (``csrc/backends/nccl_cuda/nccl_comm.*``, bound as ``gpucoll._C.NcclComm``) enqueues the NCCL calls and
+records a CUDA event after each; this module decides streams, keeps async operations' buffers alive, and runs one
+watchdog thread per communicator. Every ``GPUCOLL_NCCL_WATCHDOG_MS`` the watchdog polls the communicator: events of
+finished operations are dropped, an asynchronous NCCL error is recorded as ``NcclError``, and an operation older
+than the communicator's timeout becomes a ``CollectiveTimeout`` naming it, its sequence number and the ranks that
+had not issued it. Either failure aborts the NCCL communicator (which ends its kernels, so nothing waits forever)
+and is raised by the next call on the communicator, by ``Work.wait()`` and by ``Work.synchronize()``.
+
+Ranks learn each other's progress through the store: the watchdog publishes this rank's count of issued
+operations when it changed, at most every max(poll interval, 0.5 s), so the hot path never touches the network.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import numbers
+import os
+import sys
+import threading
+import time
+import weakref
+
+from gpucoll import _cuda_buffers, _log
+from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, NcclError, Unsupported
+
+MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
+_ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
+
+
+# -- can the backend run here? --------------------------------------------------------------------------------------
+
+def problems(build=None, probe=None, nccl=None) -> list:
+    """Why ``backend='nccl'`` cannot run in this process, one sentence each saying how to fix it; [] when it can.
+
+    The arguments default to this process's state (``_C.build_info()``, ``_C.cuda_probe()``, ``_nccl.load()``);
+    tests pass fakes. NCCL is looked for even when there is no GPU, so that every missing piece is named at once.
+    """
+    from gpucoll import _C, _nccl
+
+    build = dict(_C.build_info()) if build is None else build
+    probe = dict(_C.cuda_probe()) if probe is None else probe
+    out = []
+    if not build.get("cuda_built"):
+        out.append(_C.NCCL_BACKEND_UNBUILT_REASON)
+    if not probe.get("device_count"):
+        why = probe.get("reason") or "the CUDA driver reports no device"
+        out.append(f"no usable CUDA GPU: {why}. The nccl backend needs an NVIDIA GPU with its driver (check "
+                   f"nvidia-smi and CUDA_VISIBLE_DEVICES); use backend='host' for CPU arrays")
+    elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
+        out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')} "
+                   f"(update the driver, or rebuild gpucoll with the CUDA toolkit matching it)")
+    nccl = _nccl.load() if nccl is None else nccl
+    if not nccl.get("loaded"):
+        out.append(f"NCCL is not available: {nccl.get('reason') or 'not loaded'}. Install it: "
+                   f"{_nccl.install_hint(probe.get('driver_version'))}")
+    return out
+
+
+def check_usable() -> None:
+    """Unsupported listing everything that keeps ``backend='nccl'`` from running here."""
+    found = problems()
+    if found:
+        raise Unsupported("backend='nccl' cannot run here:\n  - " + "\n  - ".join(found))
+
+
+def auto_selects_nccl() -> bool:
+    """``backend='auto'``: NCCL when a usable GPU exists and NCCL loads (the GPU is checked first, so a machine
+    without one never loads NCCL)."""
+    from gpucoll import _C, _nccl
+
+    if not _C.build_info()["cuda_built"]:
+        return False
+    probe = _C.cuda_probe()
+    if not probe["device_count"] or probe["runtime_device_count"] == 0:
+        return False
+    return bool(_nccl.load()["loaded"])
+
+
+# -- which GPU ------------------------------------------------------------------------------------------------------
+
+def multi_rank_enabled(version: int, env=None) -> bool:
+    """Whether ranks may share a GPU: NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL's own switch)."""
+    from gpucoll import _C
+
+    env = os.environ if env is None else env
+    return env.get(MULTI_RANK_ENV, "").strip() == "1" and _C.nccl_multi_rank_gpu_supported(int(version))
+
+
+def _parse_device(device) -> int:
+    if isinstance(device, bool):
+        raise InvalidArgument(f"device must be a CUDA device index, 'cuda:N' or a torch.device; got {device!r}")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        text = device.strip().lower().removeprefix("cuda:")
+        if text.isdigit():
+            return int(text)
+    elif getattr(device, "type", None) == "cuda" and getattr(device, "index", None) is not None:
+        return int(device.index)  # torch.device('cuda:N')
+    raise InvalidArgument(f"device must be a CUDA device index, 'cuda:N' or a torch.device; got {device!r}")
+
+
+def pick_device(local_rank: int, device, device_count: int, shared_ok: bool) -> int:
+    """The GPU of a rank: `device` when given, else the local rank's own GPU, else (when ranks may share GPUs)
+    local_rank % device_count."""
+    if device is not None:
+        d = _parse_device(device)
+        if not 0 <= d < device_count:
+            raise InvalidArgument(f"device={device!r} is not a visible GPU: {device_count} visible (0.."
+                                  f"{device_count - 1}); check CUDA_VISIBLE_DEVICES")
+        return d
+    if device_count < 1:
+        raise InvalidArgument("no CUDA GPU is visible to pick a device from")
+    if local_rank < device_count:
+        return local_rank
+    if shared_ok:
+        return local_rank % device_count
+    raise InvalidArgument(f"local rank {local_rank} has no GPU of its own: {device_count} visible. Start at most "
+                          f"{device_count} ranks per node, pass device=, or let ranks share GPUs (NCCL >= 2.30 with "
+                          f"{MULTI_RANK_ENV}=1)")
+
+
+def device_map(local_world_size: int, device_count: int, shared_ok: bool) -> list:
+    """[(local_rank, device or None)] as init() would assign them (None: that local rank would get an error)."""
+    out = []
+    for lr in range(max(local_world_size, 0)):
+        try:
+            out.append((lr, pick_device(lr, None, device_count, shared_ok)))
+        except InvalidArgument:
+            out.append((lr, None))
+    return out
+
+
+def spawn_plan(nranks: int, backend: str, probe=None, nccl=None, build=None, env=None):
+    """(backend, extra environment) for the workers of ``gpucoll.spawn``. Explicit 'nccl' raises Unsupported
+    saying why the ranks cannot run (what is missing, or GPU count and NCCL version); 'auto' falls back to host."""
+    from gpucoll import _C
+
+    env = os.environ if env is None else env
+    if backend == "auto":
+        from gpucoll.communicator import _resolve_backend
+
+        if _resolve_backend("auto") != "nccl":
+            return "host", {}
+        try:
+            return spawn_plan(nranks, "nccl", probe, nccl, build, env)
+        except Unsupported as e:
+            _log.info(f"gpucoll.spawn(backend='auto'): using the host backend: {e}")
+            return "host", {}
+    if backend != "nccl":
+        return backend, {}
+    found = problems(build, probe, nccl)
+    if found:
+        raise Unsupported(f"gpucoll.spawn(backend='nccl', nranks={nranks}) cannot run here:\n  - "
+                          + "\n  - ".join(found))
+    from gpucoll import _nccl
+
+    probe = dict(_C.cuda_probe()) if probe is None else probe
+    nccl = _nccl.load() if nccl is None else nccl
+    count = int(probe["device_count"])
+    if nranks <= count:
+        return "nccl", {}
+    version = int(nccl["version"])
+    if not _C.nccl_multi_rank_gpu_supported(version):
+        raise Unsupported(
+            f"gpucoll.spawn(backend='nccl') with {nranks} ranks needs {nranks} GPUs, but {count} "
+            f"{'is' if count == 1 else 'are'} visible; several ranks on one GPU need NCCL >= "
+            f"{_nccl_version(_C.NCCL_MULTI_RANK_GPU_VERSION)} ({MULTI_RANK_ENV}=1), and the loaded NCCL is "
+            f"{nccl.get('version_string') or _nccl_version(version)}. Use nranks <= {count}, or install a newer NCCL "
+            f"(pip install -U nvidia-nccl-cu13)")
+    if env.get(MULTI_RANK_ENV, "1").strip() != "1":
+        raise Unsupported(f"gpucoll.spawn(backend='nccl') with {nranks} ranks on {count} GPU(s) needs ranks to "
+                          f"share GPUs, but {MULTI_RANK_ENV}={env[MULTI_RANK_ENV]!r} forbids it; unset it or set 1")
+    return "nccl", {MULTI_RANK_ENV: "1"}
+
+
+def _nccl_version(code: int) -> str:
+    major, rest = divmod(int(code), 10000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
+# -- premul_sum -----------------------------------------------------------------------------------------------------
+
+class PreMulSum:
+    """The reduction op ``sum(scalar * x_r over ranks r)`` (NCCL's ncclRedOpCreatePreMulSum); see premul_sum."""
+
+    __slots__ = ("scalar",)
+
+    def __init__(self, scalar):
+        object.__setattr__(self, "scalar", scalar)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("PreMulSum is immutable")
+
+    def __eq__(self, other):
+        return type(other) is PreMulSum and other.scalar == self.scalar
+
+    def __hash__(self):
+        return hash(("premul_sum", self.scalar))
+
+    def __reduce__(self):
+        return (premul_sum, (self.scalar,))
+
+    def __repr__(self):
+        return f"gpucoll.premul_sum({self.scalar!r})"
+
+
+def premul_sum(scalar) -> PreMulSum:
+    """An ``op=`` for all_reduce, reduce and reduce_scatter on the nccl backend: every rank's input is multiplied by
+    `scalar` before the sum (one fused pass, e.g. ``premul_sum(1 / world_size)`` for a mean of gradients).
+
+    `scalar` must be a finite real number; it is converted to the reduction's dtype when the collective runs (an
+    integer dtype needs an integer scalar that fits it)."""
+    if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
+        raise InvalidArgument(f"premul_sum scalar must be a real number (int or float); got {scalar!r}")
+    value = int(scalar) if isinstance(scalar, numbers.Integral) else float(scalar)
+    if not math.isfinite(value):
+        raise InvalidArgument(f"premul_sum scalar must be finite; got {scalar!r}")
+    return PreMulSum(value)
+
+
+# -- Work -----------------------------------------------------------------------------------------------------------
+
+class Work:
+    """What an operation issued with ``async_op=True`` returns.
+
+    * ``wait()``: the caller's current stream (torch's for tensors, CuPy's for arrays, else the legacy default
+      stream) waits for the operation; the host does not block.
+    * ``is_completed()``: whether the GPU finished it (never blocks).
+    * ``synchronize()``: blocks the host until it finished.
+    * ``result()``: what the synchronous call would have returned.
+
+    All three raise the communicator's failure (CollectiveTimeout, NcclError) once the watchdog recorded one.
+    ``wait(timeout=...)`` accepts torch's argument and ignores it: the communicator's own timeout applies.
+    An operation captured into a CUDA graph has no eager completion: it reports completed, and wait() does nothing.
+    """
+
+    __slots__ = ("_backend", "_device", "_kind", "_native", "_result")
+
+    def __init__(self, native, backend, kind: str, device: int, result=None):
+        self._native = native
+        self._backend = backend
+        self._kind = kind
+        self._device = device
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        self._backend._raise_if_failed()
+        self._native.wait_on(_cuda_buffers.current_stream(self._kind, self._device))
+        return True
+
+    def is_completed(self) -> bool:
+        self._backend._raise_if_failed()
+        return self._native.query()
+
+    def synchronize(self) -> None:
+        self._native.synchronize()
+        self._backend._raise_if_failed()
+
+    def result(self):
+        return self._result
+
+    @property
+    def seq(self) -> int:
+        return self._native.seq
+
+    def __repr__(self) -> str:
+        return f"<gpucoll.Work {self._native.what} {self._native.state}>"
+
+
+class CompletedWork:
+    """The Work of a backend whose operations complete before the call returns (host)."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, result=None):
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def result(self):
+        return self._result
+
+    def __repr__(self) -> str:
+        return "<gpucoll.Work completed>"
+
+
+# -- the backend ----------------------------------------------------------------------------------------------------
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _close_all() -> None:
+    # Before the interpreter (and with it the CUDA runtime's teardown) starts: finalize NCCL while it still can.
+    for backend in list(_LIVE):
+        try:
+            backend.close()
+        except Exception as e:  # noqa: BLE001 - exit paths never raise
+            _log.debug(f"closing an NCCL communicator at exit failed: {e}")
+
+
+def _copy_error(err: GpucollError) -> GpucollError:
+    # A fresh exception per raise: re-raising one object would pile every raise site onto its traceback.
+    copy = type(err)(err.message, call=err.call, location=err.location, ranks=err.ranks)
+    copy.__dict__.update(err.__dict__)
+    return copy
+
+
+class NcclBackend:
+    """The Communicator's implementation object for backend='nccl'."""
+
+    def __init__(self, comm, *, rank: int, world_size: int, device: int, store, prefix: str, timeout: float):
+        from gpucoll import _C, config
+
+        global _atexit_registered
+        self._comm = comm
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self._store = store
+        self._prefix = prefix
+        self._timeout = float(timeout)
+        self._sum = _C.RedOp.sum
+        self._error = None
+        self._lock = threading.Lock()
+        self._inflight = {}  # id(native Work) -> (native Work, objects it uses): async ops keep buffers alive
+        self._scratch = None
+        self._closed = False
+        self._poll_s = max(int(config.get_int("GPUCOLL_NCCL_WATCHDOG_MS")), 1) / 1000.0
+        self._publish_s = max(self._poll_s, 0.5)
+        self._published = -1
+        self._last_publish = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=_watchdog_main, args=(weakref.ref(self), self._stop, self._poll_s),
+                                        name=f"gpucoll-nccl-watchdog-r{rank}", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+        if not _atexit_registered:
+            atexit.register(_close_all)
+            _atexit_registered = True
+
+    # -- state ----------------------------------------------------------------------------------------------------
+    @property
+    def native(self):
+        """gpucoll._C.NcclComm (for tests and tools)."""
+        return self._comm
+
+    def _raise_if_failed(self) -> None:
+        err = self._error
+        if err is not None:
+            raise _copy_error(err)
+
+    def _fail(self, err: GpucollError) -> None:
+        with self._lock:
+            if self._error is not None:
+                return
+            self._error = err  # set before the abort: a synchronize() released by the abort must see it
+        _log.error(str(err))
+        self._comm.abort(err.message)
+
+    def check_buffer(self, buf, arg: str) -> None:
+        _cuda_buffers.check_device(buf, arg, self.device)
+
+    # -- operations -----------------------------------------------------------------------------------------------
+    def _stream(self, buf, stream) -> int:
+        if stream is None:
+            return _cuda_buffers.current_stream(buf.kind, self.device, buf.stream)
+        return _cuda_buffers.stream_handle(stream, self.device)
+
+    def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False):
+        if self._error is not None:
+            self._raise_if_failed()
+        s = self._stream(src, stream)
+        premul = None
+        if redop is None:
+            redop = self._sum
+        elif type(redop) is PreMulSum:
+            premul, redop = float(redop.scalar), self._sum
+        native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
+        if native is None:
+            return None
+        return self._track(native, src, (src, dst))
+
+    def p2p(self, send: bool, peer: int, buf, stream=None, async_op=False):
+        if self._error is not None:
+            self._raise_if_failed()
+        native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], self._stream(buf, stream), async_op)
+        if native is None:
+            return None
+        return self._track(native, buf, (buf,))
+
+    def _track(self, native, src, bufs) -> Work:
+        keep = tuple(b.obj for b in bufs) + tuple(b.keep for b in bufs if b.keep is not None)
+        with self._lock:
+            self._inflight[id(native)] = (native, keep)
+        return Work(native, self, src.kind, self.device)
+
+    def barrier(self) -> None:
+        """Returns once every rank called barrier() and the GPU work issued before it on the legacy default stream
+        is done (an all_reduce of one int32, then a host wait)."""
+        self._raise_if_failed()
+        from gpucoll import _C
+
+        native = self._comm.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
+                                       self._sum, 0, 0, True, None)
+        native.synchronize()
+        self._raise_if_failed()
+
+    def _scratch_ptr(self) -> int:
+        if self._scratch is None:
+            # One int32 on the device, from the framework's allocator where one is loaded (it owns the memory
+            # budget), else from the communicator's own 16 bytes.
+            torch = sys.modules.get("torch")
+            cupy = sys.modules.get("cupy")
+            if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
+                t = torch.zeros(1, dtype=torch.int32, device=f"cuda:{self.device}")
+                self._scratch = (t, int(t.data_ptr()))
+            elif cupy is not None:
+                with cupy.cuda.Device(self.device):
+                    a = cupy.zeros(1, dtype=cupy.int32)
+                self._scratch = (a, int(a.data.ptr))
+            else:
+                self._scratch = (None, int(self._comm.scratch()))
+        return self._scratch[1]
+
+    @contextlib.contextmanager
+    def group(self):
+        """ncclGroupStart/End around the block. The group is ended even when the block raises: NCCL's group depth is
+        per thread and must balance (what was queued then launches)."""
+        self._raise_if_failed()
+        self._comm.group_start()
+        try:
+            yield
+        finally:
+            self._comm.group_end()
+
+    def abort(self, reason: str = "abort() was called") -> None:
+        self._comm.abort(reason)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+        self._comm.close()
+        with self._lock:
+            self._inflight.clear()
+        _LIVE.discard(self)
+
+    # -- watchdog -------------------------------------------------------------------------------------------------
+    def _watch_once(self) -> bool:
+        """One watchdog step; False when the watchdog should stop."""
+        try:
+            st = self._comm.poll()
+        except GpucollError as e:
+            _log.debug(f"NCCL watchdog poll failed: {e}")
+            return True
+        self._prune()
+        if not st["usable"]:
+            return False
+        now = time.monotonic()
+        if st["issued"] != self._published and now - self._last_publish >= self._publish_s:
+            self._publish(st["issued"])
+        if st["async_error"]:
+            pending = f"while {st['oldest_what']} was pending" if st["pending"] else "with no operation pending"
+            self._fail(NcclError(f"NCCL reported an asynchronous error on rank {self.rank} (cuda:{self.device}) "
+                                 f"{pending}: {st['async_text']}; the NCCL communicator was aborted",
+                                 call="ncclCommGetAsyncError"))
+            return False
+        if st["pending"] and st["oldest_age_s"] > self._timeout:
+            self._on_timeout(st)
+            return False
+        return True
+
+    def _prune(self) -> None:
+        with self._lock:
+            items = list(self._inflight.items())
+        done = []
+        for key, (native, _) in items:
+            try:
+                if native.query():
+                    done.append(key)
+            except GpucollError:
+                done.append(key)
+        if done:
+            with self._lock:
+                for key in done:
+                    self._inflight.pop(key, None)
+
+    def _publish(self, issued: int) -> None:
+        self._last_publish = time.monotonic()
+        try:
+            self._store.set(f"{self._prefix}seq/{self.rank}", str(int(issued)).encode())
+            self._published = issued
+        except Exception as e:  # noqa: BLE001 - the store may be gone (rank 0 exited); progress is best effort
+            _log.debug(f"NCCL watchdog could not publish progress: {e}")
+
+    def _missing_ranks(self, seq: int):
+        """(ranks that had not issued operation `seq`, or None when unknown; a note for the message)."""
+        self._publish(self._comm.issued)
+        # Give the other ranks' watchdogs time to publish their latest counts.
+        if self._stop.wait(2 * self._publish_s + self._poll_s):
+            return None, "(the communicator was closed while looking)"
+        missing = []
+        try:
+            for r in range(self.world_size):
+                key = f"{self._prefix}seq/{r}"
+                if not self._store.check(key) or int(self._store.get(key, timeout=5.0)) < seq:
+                    missing.append(r)
+        except Exception as e:  # noqa: BLE001
+            return None, f"(could not read the other ranks' progress from the rendezvous store: {e})"
+        return missing, ""
+
+    def _on_timeout(self, st: dict) -> None:
+        seq, what = int(st["oldest_seq"]), st["oldest_what"]
+        missing, note = self._missing_ranks(seq)
+        head = (f"{what} did not complete within the timeout of {self._timeout:g} s on rank {self.rank} of "
+                f"{self.world_size} (cuda:{self.device})")
+        if missing:
+            shown = ", ".join(map(str, missing[:64])) + (", ..." if len(missing) > 64 else "")
+            body = f"ranks that had not reached operation #{seq}: [{shown}]"
+        elif missing is not None:
+            body = (f"every rank had issued operation #{seq}, so it is stuck on the GPU side (an earlier kernel that "
+                    f"does not finish, a rank stuck in CUDA, or a network failure)")
+        else:
+            body = f"which ranks had not reached operation #{seq} is unknown {note}"
+        self._fail(CollectiveTimeout(f"{head}; {body}; the NCCL communicator was aborted",
+                                     call=what.split(" ", 1)[0], ranks=missing or ()))
+
+
+def _watchdog_main(ref, stop: threading.Event, interval: float) -> None:
+    # Holds the backend only while it works on it, so an unreferenced communicator can still be collected.
+    while not stop.wait(interval):
+        backend = ref()
+        if backend is None:
+            return
+        try:
+            keep_going = backend._watch_once()
+        except Exception as e:  # noqa: BLE001 - the watchdog must never die silently
+            _log.warn(f"NCCL watchdog step failed: {type(e).__name__}: {e}")
+            keep_going = True
+        del backend
+        if not keep_going:
+            return
+
+
+# -- bootstrap ------------------------------------------------------------------------------------------------------
+
+def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
+    """This rank's NCCL communicator: rank 0 makes the unique id and publishes it through `store`; every rank
+    creates its communicator non-blocking, with `timeout` covering the init."""
+    from gpucoll import _C, _nccl
+
+    check_usable()
+    probe = _C.cuda_probe()
+    nccl = _nccl.load()
+    shared_ok = multi_rank_enabled(nccl["version"])
+    dev = pick_device(launch.local_rank, device, int(probe["device_count"]), shared_ok)
+    # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
+    generation = (store.add("gpucoll/nccl/count", 1) - 1) // launch.world_size
+    prefix = f"gpucoll/nccl/{generation}/"
+    store.set(f"{prefix}joined/{launch.rank}", b"1")
+    if launch.rank == 0:
+        uid = _C.nccl_unique_id()
+        store.set(f"{prefix}uid", uid)
+    else:
+        uid = store.get(f"{prefix}uid", timeout=timeout)
+    try:
+        comm = _C.NcclComm(uid, launch.world_size, launch.rank, dev, float(timeout))
+    except CollectiveTimeout as e:
+        missing = []
+        try:
+            missing = [r for r in range(launch.world_size) if not store.check(f"{prefix}joined/{r}")]
+        except Exception as store_error:  # noqa: BLE001 - the store may be unreachable; the timeout is the error
+            _log.debug(f"could not read who joined the NCCL init: {store_error}")
+        extra = f"; ranks that never started it: {missing}" if missing else ""
+        raise CollectiveTimeout(e.message + extra, call=e.call, location=e.location, ranks=missing) from None
+    _log.debug(f"NCCL communicator: rank {launch.rank}/{launch.world_size} on cuda:{dev}")
+    return NcclBackend(comm, rank=launch.rank, world_size=launch.world_size, device=dev, store=store, prefix=prefix,
+                       timeout=timeout)
