@@ -186,8 +186,9 @@ def test_cost_model_8_ranks_all_reduce():
 
 @pytest.mark.parametrize("coll", COLLS)
 def test_cost_model_fewer_steps_small_fewer_bytes_large(coll):
-    """At 1 KiB auto's choice has the fewest steps of the usable algorithms; at 64 MiB the fewest bytes received
-    by the busiest rank; at every size it is the model's argmin."""
+    """At 1 KiB auto's choice has the fewest steps of the usable algorithms; at 64 MiB (nearly) the fewest bytes
+    received by the busiest rank - the model may trade at most one buffer of peer reads for an algorithm that
+    writes its result straight to the output (no copy-out pass); at every size it is the model's argmin."""
     for p in (2, 3, 4, 5, 8):
         for local_size in (0, 2) if p % 2 == 0 else (0,):
             small = _usable_predictions(coll, p, KiB, local_size)
@@ -195,7 +196,8 @@ def test_cost_model_fewer_steps_small_fewer_bytes_large(coll):
             assert small[got]["steps"] == min(d["steps"] for d in small.values()), (p, local_size, got, small)
             large = _usable_predictions(coll, p, 64 * MiB, local_size)
             got = select(coll, p, 64 * MiB, local_size=local_size)
-            assert large[got]["bytes_recv"] == min(d["bytes_recv"] for d in large.values()), (p, got, large)
+            fewest = min(d["bytes_recv"] for d in large.values())
+            assert large[got]["bytes_recv"] <= fewest + 64 * MiB, (p, got, large)
             for b in SIZES:
                 preds = _usable_predictions(coll, p, b, local_size)
                 got = select(coll, p, b, local_size=local_size)

@@ -4,6 +4,7 @@ backend so that they are checked on any machine: the NCCL backend takes the same
 from __future__ import annotations
 
 import json
+import re
 import multiprocessing as mp
 import os
 import shutil
@@ -91,8 +92,8 @@ def test_init_from_mpi_comm(tmp_path):
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, env=env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
-                  key=lambda d: d["rank"])
+    # The ranks share stdout, so their lines may interleave without a newline between them: parse objects.
+    rows = sorted((json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", proc.stdout)), key=lambda d: d["rank"])
     assert [(d["rank"], d["size"], d["x"]) for d in rows] == [(0, 2, [3, 3, 3]), (1, 2, [3, 3, 3])]
 
 
