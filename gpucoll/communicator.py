@@ -220,7 +220,7 @@ class Communicator:
         self._check_open("all_gather")
         src = self._resolve(x, "x")
         shape = self._scaled_shape(src, self._world_size)
-        dst = self._resolve_out(src, out, src.count * self._world_size, shape)
+        dst = self._resolve_out(src, out, src.count * self._world_size, shape, slice_in_place="x_in_out")
         work = self._run(ALL_GATHER, algo, src, dst, src.count, None, 0, stream, async_op)
         return _result(work, dst.obj) if async_op else dst.obj
 
@@ -231,7 +231,7 @@ class Communicator:
         src = self._resolve(x, "x")
         shape = self._split_shape(src, "reduce_scatter")
         n = src.count // self._world_size
-        dst = self._resolve_out(src, out, n, shape)
+        dst = self._resolve_out(src, out, n, shape, slice_in_place="out_in_x")
         work = self._run(REDUCE_SCATTER, algo, src, dst, n, redop, 0, stream, async_op)
         return _result(work, dst.obj) if async_op else dst.obj
 
@@ -251,7 +251,8 @@ class Communicator:
         src = self._resolve(x, "x")
         is_root = self._rank == root
         dst = self._resolve_out(src, out, src.count * self._world_size,
-                                self._scaled_shape(src, self._world_size)) if is_root or out is not None else src
+                                self._scaled_shape(src, self._world_size),
+                                slice_in_place="x_in_out") if is_root or out is not None else src
         work = self._run(GATHER, algo, src, dst, src.count, None, root, stream, async_op)
         value = dst.obj if is_root else None
         return _result(work, value) if async_op else value
@@ -264,7 +265,7 @@ class Communicator:
         src = self._resolve(x, "x")
         shape = self._split_shape(src, "scatter")
         n = src.count // self._world_size
-        dst = self._resolve_out(src, out, n, shape)
+        dst = self._resolve_out(src, out, n, shape, slice_in_place="out_in_x")
         work = self._run(SCATTER, algo, src, dst, n, None, root, stream, async_op)
         return _result(work, dst.obj) if async_op else dst.obj
 
@@ -371,7 +372,10 @@ class Communicator:
         self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size)
         return None
 
-    def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True):
+    def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True, slice_in_place=None):
+        """`out` checked against `src`. slice_in_place names NCCL's in-place layouts, where the two overlap on
+        purpose: "x_in_out" (all_gather, gather: x is this rank's block of out) and "out_in_x" (reduce_scatter,
+        scatter: out is this rank's block of x)."""
         if out is None:
             if shape is None:
                 return src
@@ -385,6 +389,10 @@ class Communicator:
         if not self._nccl and (dst.kind != src.kind or dst.device != src.device):
             raise InvalidArgument(f"out must be a {src.kind} array on {src.device} like x; got a {dst.kind} "
                                   f"array on {dst.device}")
+        if slice_in_place == "x_in_out" and src.ptr == dst.ptr + self._rank * src.nbytes:
+            return dst
+        if slice_in_place == "out_in_x" and dst.ptr == src.ptr + self._rank * dst.nbytes:
+            return dst
         if dst.overlaps(src) and (dst.ptr != src.ptr or not alias_ok or dst.count != src.count):
             raise InvalidArgument("out overlaps x; pass a separate array"
                                   + (" (or the same array, for in place)" if alias_ok else ""))
@@ -467,19 +475,22 @@ def _init_host(launch, store, timeout: float):
     from gpucoll import _C
 
     host = socket.gethostname()
-    store.set(f"gpucoll/host/hostname/{launch.rank}", host.encode())
+    # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
+    generation = (store.add("gpucoll/host/count", 1) - 1) // launch.world_size
+    prefix = f"gpucoll/host/{generation}/"
+    store.set(f"{prefix}hostname/{launch.rank}", host.encode())
     if launch.rank == 0:
         for r in range(1, launch.world_size):
-            other = store.get(f"gpucoll/host/hostname/{r}", timeout=timeout).decode()
+            other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
             if other != host:
-                store.set("gpucoll/host/shm", b"")
+                store.set(f"{prefix}shm", b"")
                 raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
                                   f"rank 0 on {host!r}")
         name = _C.HostComm.make_name()
         impl = _C.HostComm(0, launch.world_size, float(timeout), name, True)
-        store.set("gpucoll/host/shm", name.encode())
+        store.set(f"{prefix}shm", name.encode())
     else:
-        name = store.get("gpucoll/host/shm", timeout=timeout).decode()
+        name = store.get(f"{prefix}shm", timeout=timeout).decode()
         if not name:
             raise Unsupported("the host backend needs every rank on one machine (rank 0 found ranks on other hosts)")
         impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), name, False)
