@@ -31,7 +31,7 @@ struct Prediction {
   int64_t bytes_recv = 0;
 };
 
-// The host backend's cost parameters: defaults measured on the development machine (see cost_model.cc),
+// The host backend's cost parameters: defaults measured on the development machine (see selector.cc),
 // with segment/buffer sizes from the config registry.
 CostParams host_cost_params();
 

@@ -41,6 +41,11 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_HOST_SPIN_US", VarType::kInt, "50",
        "How long a waiting host rank spins before it sleeps on a futex. Ranks may outnumber cores, and a "
        "spinning rank would steal the core the awaited rank needs."},
+      {"GPUCOLL_TOPO_FILE", VarType::kString, "",
+       "Topology file (our JSON, NCCL topology XML or nvidia-smi topo -m text) used instead of detection."},
+      {"GPUCOLL_TOPO_DUMP_FILE", VarType::kString, "", "Write the detected (or loaded) topology to this JSON file."},
+      {"GPUCOLL_TUNING_FILE", VarType::kString, "",
+       "Tuning file from gpucoll-tune: fitted a/b per algorithm and link class replacing the shipped defaults."},
       {"GPUCOLL_CUDA", VarType::kString, "auto",
        "Build time (read by setup.py): auto builds the CUDA sources when nvcc is found; on requires nvcc; "
        "off builds host-only."},

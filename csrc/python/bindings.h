@@ -18,5 +18,7 @@ void bind_algo(pybind11::module_& m);
 void bind_runtime(pybind11::module_& m);
 // nccl.cc: the NCCL communicator (CUDA builds; elsewhere it raises Unsupported) and NCCL feature gates.
 void bind_nccl(pybind11::module_& m);
+// topo.cc: the Topology value, its importers and detection, the topology-aware cost model.
+void bind_topo(pybind11::module_& m);
 
 }  // namespace gpucoll::python

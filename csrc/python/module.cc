@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   gpucoll::python::bind_algo(m);
   gpucoll::python::bind_runtime(m);
   gpucoll::python::bind_nccl(m);
+  gpucoll::python::bind_topo(m);
 }

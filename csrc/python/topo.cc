@@ -1,0 +1,150 @@
+// Bindings of the topology value (csrc/topo/topology.h) and the topology-aware cost model (csrc/topo/cost.h).
+#include <pybind11/stl.h>
+
+#include "algo/registry.h"
+#include "core/error.h"
+#include "python/bindings.h"
+#include "topo/cost.h"
+#include "topo/topology.h"
+
+namespace py = pybind11;
+
+namespace gpucoll::python {
+
+namespace {
+
+algo::Coll coll_arg(const std::string& name) {
+  algo::Coll c;
+  GPUCOLL_CHECK_ARG(algo::parse_coll(name, &c), "unknown collective '", name, "'");
+  return c;
+}
+
+py::dict candidate_dict(const topo::Candidate& c) {
+  py::dict d;
+  d["backend"] = c.backend;
+  d["algorithm"] = c.algorithm;
+  d["protocol"] = c.protocol;
+  d["link_class"] = c.link_class;
+  d["usable"] = c.usable;
+  d["reason"] = c.reason;
+  d["steps"] = c.steps;
+  d["bytes"] = c.bytes;
+  d["seconds"] = c.seconds;
+  d["busbw"] = c.busbw;
+  d["model"] = c.model;
+  return d;
+}
+
+topo::Backends backends_arg(bool custom, bool nccl, bool host) {
+  topo::Backends b;
+  b.custom = custom;
+  b.nccl = nccl;
+  b.host = host;
+  return b;
+}
+
+topo::Tuning tuning_arg(const std::string& tuning_json) {
+  return tuning_json.empty() ? topo::active_tuning() : topo::parse_tuning(tuning_json, "tuning");
+}
+
+}  // namespace
+
+void bind_topo(py::module_& m) {
+  py::class_<topo::Topology>(m, "Topology", "The machine's wiring (csrc/topo/topology.h); JSON round-trips exactly.")
+      .def(py::init<>())
+      .def("to_json", &topo::Topology::to_json)
+      .def_static("from_json", &topo::Topology::from_json, py::arg("text"))
+      .def_property_readonly("num_gpus", &topo::Topology::num_gpus)
+      .def_property_readonly("num_hosts", [](const topo::Topology& t) { return static_cast<int>(t.hosts.size()); })
+      .def_readonly("source", &topo::Topology::source)
+      .def_readonly("notes", &topo::Topology::notes)
+      .def("host_names", [](const topo::Topology& t) {
+        std::vector<std::string> n;
+        for (const auto& h : t.hosts) n.push_back(h.name);
+        return n;
+      })
+      .def("host_gpus", &topo::Topology::host_gpus, py::arg("host"))
+      .def("link_class", [](const topo::Topology& t, int a, int b) {
+        return std::string(topo::link_class_name(t.link(a, b).cls));
+      }, py::arg("a"), py::arg("b"))
+      .def("link_label", [](const topo::Topology& t, int a, int b) {
+        // nvidia-smi's cell text: X, NV<n>, PIX, ..., plus NET for pairs across hosts.
+        const topo::Link& l = t.link(a, b);
+        return l.cls == topo::LinkClass::kNVL ? "NV" + std::to_string(l.nvlinks) : std::string(topo::link_class_name(l.cls));
+      }, py::arg("a"), py::arg("b"))
+      .def("link_nvswitch", [](const topo::Topology& t, int a, int b) { return t.link(a, b).nvswitch; })
+      .def("link_p2p", [](const topo::Topology& t, int a, int b) { return std::string(topo::p2p_name(t.link(a, b).p2p)); })
+      .def("set_p2p", [](topo::Topology& t, int a, int b, const std::string& state) {
+        topo::P2P p;
+        GPUCOLL_CHECK_ARG(topo::parse_p2p(state, &p), "p2p state must be unknown, supported, unsupported or failed; got '",
+                          state, "'");
+        GPUCOLL_CHECK_ARG(a != b, "set_p2p needs two different GPUs");
+        t.link(a, b).p2p = p;
+      }, py::arg("a"), py::arg("b"), py::arg("state"))
+      .def("pair_bandwidth", [](const topo::Topology& t, int a, int b) { return topo::pair_bandwidth(t, a, b); })
+      .def("p2p_usable", [](const topo::Topology& t, int a, int b) -> py::object {
+        std::string why;
+        if (topo::p2p_usable(t, a, b, &why)) return py::none();
+        return py::str(why);
+      })
+      .def("__eq__", [](const topo::Topology& a, const topo::Topology& b) { return a == b; })
+      .def("__repr__", [](const topo::Topology& t) {
+        return "<gpucoll.Topology " + std::to_string(t.num_gpus()) + " GPUs on " + std::to_string(t.hosts.size()) +
+               " host(s), source=" + t.source + ">";
+      });
+  m.def("topo_detect", &topo::detect);
+  m.def("topo_detect_local", &topo::detect_local);
+  m.def("topo_from_nvidia_smi", &topo::from_nvidia_smi, py::arg("text"));
+  m.def("topo_from_nccl_xml", &topo::from_nccl_xml, py::arg("text"));
+  m.def("topo_from_text", &topo::from_text, py::arg("text"));
+  m.def("topo_merge", &topo::merge, py::arg("parts"));
+  m.def("topo_replicate", &topo::replicate, py::arg("topology"), py::arg("nodes"));
+  m.def("topo_build_ring", &topo::build_ring, py::arg("topology"), py::arg("gpus"), py::arg("require_p2p") = false);
+  m.def(
+      "topo_layout",
+      [](const topo::Topology& t, int per_node, int nodes) {
+        const topo::Layout l = topo::make_layout(t, per_node, nodes);
+        return py::make_tuple(l.nodes, l.local, l.gpus);
+      },
+      py::arg("topology"), py::arg("nranks_per_node") = 0, py::arg("nodes") = 0);
+  m.def(
+      "topo_candidates",
+      [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
+         int nodes, bool custom, bool nccl, bool host, const std::string& tuning) {
+        const topo::Layout l = topo::make_layout(t, per_node, nodes);
+        py::list out;
+        for (const auto& c : topo::candidates(t, l, coll_arg(coll), nbytes, dtype, backends_arg(custom, nccl, host),
+                                              tuning_arg(tuning))) {
+          out.append(candidate_dict(c));
+        }
+        return out;
+      },
+      py::arg("topology"), py::arg("coll"), py::arg("nbytes"), py::arg("dtype") = "float32",
+      py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("custom") = true, py::arg("nccl") = true,
+      py::arg("host") = true, py::arg("tuning") = "");
+  m.def(
+      "topo_select",
+      [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
+         int nodes, bool custom, bool nccl, bool host, const std::string& requested, const std::string& tuning) {
+        const topo::Layout l = topo::make_layout(t, per_node, nodes);
+        return candidate_dict(topo::select(t, l, coll_arg(coll), nbytes, dtype, backends_arg(custom, nccl, host),
+                                           requested, tuning_arg(tuning)));
+      },
+      py::arg("topology"), py::arg("coll"), py::arg("nbytes"), py::arg("dtype") = "float32",
+      py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("custom") = true, py::arg("nccl") = true,
+      py::arg("host") = true, py::arg("requested") = "auto", py::arg("tuning") = "");
+  m.def(
+      "topo_model_terms",
+      [](const std::string& backend, const std::string& algorithm, const std::string& coll, int nranks,
+         int local) -> py::object {
+        int steps = 0;
+        double per_byte = 0;
+        if (!topo::model_terms(backend, algorithm, coll_arg(coll), nranks, local, &steps, &per_byte)) return py::none();
+        return py::make_tuple(steps, per_byte);
+      },
+      py::arg("backend"), py::arg("algorithm"), py::arg("coll"), py::arg("nranks"), py::arg("local") = 0);
+  m.def("topo_busbw_factor", [](const std::string& coll, int n) { return topo::busbw_factor(coll_arg(coll), n); });
+  m.def("topo_check_tuning", [](const std::string& text) { return topo::parse_tuning(text, "tuning").fits.size(); });
+}
+
+}  // namespace gpucoll::python

@@ -1,0 +1,587 @@
+#include "topo/cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+
+#include "algo/checker.h"
+#include "algo/registry.h"
+#include "algo/selector.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "topo/json.h"
+
+namespace gpucoll::topo {
+
+namespace {
+
+// ---- Shipped defaults (each with its source) -----------------------------------------------------------------
+// NVLink lane rate, one direction: P100 160 GB/s over 4 links (gen 1, 20 GB/s), V100 300/6, A100 600/12,
+// H100 900/18 (gens 2-4, 25 GB/s), B200 1800/18 (gen 5, 50 GB/s) - NVIDIA's bidirectional product figures halved.
+double nvlink_lane_bw(int gen) { return gen >= 5 ? 50e9 : gen >= 2 ? 25e9 : 20e9; }
+// PCIe per lane, one direction, after 128b/130b encoding: gen 3 0.985, gen 4 1.969, gen 5 3.938 GB/s (PCI-SIG).
+double pcie_lane_bw(int gen) { return gen >= 5 ? 3.938e9 : gen == 4 ? 1.969e9 : gen == 3 ? 0.985e9 : 0.5e9; }
+// NCCL ring (Simple) on 8x H100 NV18 reaches ~370 GB/s busbw of the 450 GB/s per-direction NVLink rate
+// (NCCL docs/perf v2.32.3, /work/shared/FACTS.md): 0.82. Used for NCCL's ring on every class.
+constexpr double kNcclRingEff = 0.82;
+// NCCL NVLS (NVLink SHARP) allreduce on the same machine: 484 GB/s busbw (same source) = 1.075 x the link rate,
+// since the switch does the reduction.
+constexpr double kNcclNvlsEff = 484.0 / 450.0;
+// LL moves 4 bytes of data per 8-byte store with a flag; NCCL caps it far below Simple (tuning.cc llMaxBws).
+// Estimate, pending calibration: 0.35 of the link.
+constexpr double kNcclLLEff = 0.35;
+// Our P2P kernels do not exist yet: assume 0.6 of the link (vLLM's custom allreduce loses to NCCL above
+// ~8 MB on A100/H100, which is why its default max size is 8 MB). Estimate; gpucoll-tune replaces it.
+constexpr double kCustomEff = 0.6;
+// Latencies in seconds. NCCL: src/graph/tuning.cc (2.1x-2.2x) base latency ring LL 6.6 us, Simple 8.4 us; per
+// step ("hwLat") ring LL over NVLink 0.6, PCI 1.0, NET 2.7 us; Simple 3.4, 5.7, 14 us. NVLS base: estimate.
+constexpr double kNcclBaseLL = 6.6e-6, kNcclBaseSimple = 8.4e-6, kNcclBaseNvls = 25e-6;
+double nccl_step_lat(LinkClass c, bool ll) {
+  if (c == LinkClass::kNET) return ll ? 2.7e-6 : 14e-6;
+  if (c == LinkClass::kNVL) return ll ? 0.6e-6 : 3.4e-6;
+  return ll ? 1.0e-6 : 5.7e-6;
+}
+// Our kernels: one launch (~4 us with the flag setup) and a flag handshake per step, ~1.5 us over NVLink and
+// ~3 us over PCIe (one round trip of a 4-byte write and poll). Estimates until measured.
+constexpr double kCustomLaunch = 4e-6;
+double custom_step_lat(LinkClass c) { return c == LinkClass::kNVL ? 1.5e-6 : 3e-6; }
+// Network: NIC line rate x 0.92 (IB/RoCE payload efficiency after headers); 100 Gb/s when the NIC speed is
+// unknown (a note says so).
+constexpr double kNetEff = 0.92;
+constexpr double kDefaultNicGbps = 100;
+// Paths that cannot do P2P are staged through host memory (NCCL's SHM transport): each byte crosses PCIe twice
+// plus a host copy; 0.5 of the PCIe rate inside a socket, 0.4 across sockets. Estimates.
+constexpr double kStagedEff = 0.5, kStagedSysEff = 0.4;
+
+struct Counts {
+  bool ok = false;
+  std::string error;
+  int steps = 0;
+  double recv_per_byte = 0;
+};
+
+const Counts& counts(const std::string& name, algo::Coll coll, int nranks, int local) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, int>, Counts> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(name, static_cast<int>(coll), nranks, local);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  Counts c;
+  const algo::Algorithm* a = algo::find_algorithm(name);
+  const algo::Params p{coll, nranks, 0, local};
+  if (a == nullptr) {
+    c.error = "no schedule named " + name;
+  } else if (!a->supports(coll)) {
+    c.error = std::string(name) + " does not implement " + algo::coll_name(coll);
+  } else if (const char* why = a->unusable(p)) {
+    c.error = why;
+  } else {
+    const algo::Shape shape = a->shape(p);
+    const int64_t unit = static_cast<int64_t>(std::max(shape.nchunks, 1)) * nranks * 4096;
+    const algo::CheckResult r = algo::check_schedule(*a, p, unit);
+    if (!r.ok) {
+      c.error = "schedule failed the checker: " + r.error;
+    } else {
+      c.ok = true;
+      c.steps = r.nsteps;
+      c.recv_per_byte = static_cast<double>(r.max_bytes_recv()) / static_cast<double>(unit);
+    }
+  }
+  return cache.emplace(key, c).first->second;
+}
+
+int pcie_gen_of(const Gpu& g) { return g.pcie_gen > 0 ? g.pcie_gen : g.cc_major >= 9 ? 5 : g.cc_major == 8 ? 4 : 3; }
+double pcie_bw(const Gpu& g) { return pcie_lane_bw(pcie_gen_of(g)) * (g.pcie_width > 0 ? g.pcie_width : 16); }
+int nvlink_gen_of(const Gpu& g) { return g.nvlink_gen > 0 ? g.nvlink_gen : 3; }
+
+// A GPU's total NVLink bandwidth: through NVSwitch the per-pair count is the GPU's lane count; in a direct mesh
+// the lanes to every peer add up.
+double gpu_nvlink_bw(const Topology& t, int g, const std::vector<int>& group) {
+  double sum = 0, sw = 0;
+  for (int p : group) {
+    if (p == g || t.link(g, p).cls != LinkClass::kNVL) continue;
+    const double bw = t.link(g, p).nvlinks * nvlink_lane_bw(nvlink_gen_of(t.gpus[g]));
+    if (t.link(g, p).nvswitch) sw = std::max(sw, bw);
+    else sum += bw;
+  }
+  return sw + sum;
+}
+
+LinkClass worst_class(const Topology& t, const std::vector<int>& group) {
+  LinkClass w = LinkClass::kSelf;
+  for (size_t i = 0; i < group.size(); ++i) {
+    for (size_t j = i + 1; j < group.size(); ++j) w = std::max(w, t.link(group[i], group[j]).cls);
+  }
+  return w;
+}
+
+double node_net_bw(const Topology& t, int host, std::string* note) {
+  double gbps = 0;
+  for (const Nic& n : t.nics) {
+    if (n.host == host) gbps += n.speed_gbps > 0 ? n.speed_gbps : kDefaultNicGbps;
+  }
+  if (gbps == 0) {
+    gbps = kDefaultNicGbps;
+    if (note) *note = "no NIC known on host " + std::to_string(host) + ": assumed one 100 Gb/s NIC";
+  }
+  return gbps / 8 * 1e9 * kNetEff;
+}
+
+int dtype_size(const std::string& d) {
+  static const std::map<std::string, int> sizes = {
+      {"float32", 4}, {"float", 4}, {"float16", 2}, {"half", 2}, {"bfloat16", 2}, {"float64", 8}, {"double", 8},
+      {"int8", 1},    {"uint8", 1}, {"int32", 4},   {"uint32", 4}, {"int64", 8},  {"uint64", 8},  {"float8_e4m3", 1},
+      {"float8_e5m2", 1}};
+  auto it = sizes.find(d);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+double busbw_factor(algo::Coll coll, int n) {
+  switch (coll) {
+    case algo::Coll::kAllReduce: return 2.0 * (n - 1) / n;
+    case algo::Coll::kBroadcast:
+    case algo::Coll::kReduce: return 1.0;
+    default: return static_cast<double>(n - 1) / n;
+  }
+}
+
+double pair_bandwidth(const Topology& t, int a, int b) {
+  const Link& l = t.link(a, b);
+  const double pcie = std::min(pcie_bw(t.gpus[a]), pcie_bw(t.gpus[b]));
+  switch (l.cls) {
+    case LinkClass::kSelf: return 1e15;
+    case LinkClass::kNVL: return l.nvlinks * nvlink_lane_bw(std::min(nvlink_gen_of(t.gpus[a]), nvlink_gen_of(t.gpus[b])));
+    case LinkClass::kPIX:
+    case LinkClass::kPXB: return p2p_usable(t, a, b, nullptr) ? pcie : pcie * kStagedEff;
+    case LinkClass::kPHB:
+    case LinkClass::kNODE: return pcie * kStagedEff;
+    case LinkClass::kSYS: return pcie * kStagedSysEff;
+    case LinkClass::kNET: return 0;
+  }
+  return 0;
+}
+
+bool p2p_usable(const Topology& t, int a, int b, std::string* why) {
+  const Link& l = t.link(a, b);
+  std::string reason;
+  if (l.p2p == P2P::kFailed) reason = "P2P is reported but failed";
+  else if (l.p2p == P2P::kUnsupported) reason = "the driver reports no P2P access";
+  else if (l.cls > LinkClass::kPXB) reason = std::string("the path is ") + link_class_name(l.cls) +
+                                             " (P2P needs NVLink or a PCIe switch: PIX/PXB)";
+  if (reason.empty()) return true;
+  if (why) *why = "GPU " + std::to_string(a) + " and GPU " + std::to_string(b) + ": " + reason;
+  return false;
+}
+
+std::vector<int> build_ring(const Topology& t, const std::vector<int>& gpus, bool require_p2p) {
+  const int n = static_cast<int>(gpus.size());
+  auto ok = [&](int a, int b) { return !require_p2p || p2p_usable(t, a, b, nullptr); };
+  if (n == 2 && !ok(gpus[0], gpus[1])) return {};
+  if (n <= 2) return gpus;
+  auto bw = [&](int a, int b) { return t.link(a, b).cls == LinkClass::kNET ? 1.0 : pair_bandwidth(t, a, b); };
+  if (n > 10) {
+    for (int i = 0; i < n; ++i) {
+      if (!ok(gpus[i], gpus[(i + 1) % n])) return {};
+    }
+    return gpus;
+  }
+  // Exhaustive search with pruning: maximise the bottleneck, then the sum (more lanes used).
+  std::vector<int> best, cur{gpus[0]};
+  std::vector<bool> used(static_cast<size_t>(n), false);
+  used[0] = true;
+  double best_min = -1, best_sum = -1;
+  std::function<void(double, double)> dfs = [&](double mn, double sum) {
+    if (mn < best_min) return;
+    if (static_cast<int>(cur.size()) == n) {
+      if (!ok(cur.back(), cur[0])) return;
+      const double b = bw(cur.back(), cur[0]);
+      const double m = std::min(mn, b), s = sum + b;
+      if (m > best_min || (m == best_min && s > best_sum)) best_min = m, best_sum = s, best = cur;
+      return;
+    }
+    for (int i = 1; i < n; ++i) {
+      if (used[i] || !ok(cur.back(), gpus[i])) continue;
+      const double b = bw(cur.back(), gpus[i]);
+      used[i] = true;
+      cur.push_back(gpus[i]);
+      dfs(std::min(mn, b), sum + b);
+      cur.pop_back();
+      used[i] = false;
+    }
+  };
+  dfs(1e300, 0);
+  return best;
+}
+
+Layout make_layout(const Topology& t, int per_node, int nodes) {
+  Layout l;
+  const int hosts = std::max<int>(1, static_cast<int>(t.hosts.size()));
+  l.nodes = nodes > 0 ? nodes : hosts;
+  GPUCOLL_CHECK_ARG(l.nodes <= hosts, "the topology has ", hosts, " host(s), ", l.nodes,
+                    " nodes requested (replicate a single-host topology with --nodes)");
+  int min_gpus = 1 << 30;
+  for (int h = 0; h < l.nodes; ++h) min_gpus = std::min<int>(min_gpus, static_cast<int>(t.host_gpus(h).size()));
+  l.local = per_node > 0 ? per_node : min_gpus;
+  GPUCOLL_CHECK_ARG(l.local >= 1 && l.local <= min_gpus, "ranks per node must be in [1, ", min_gpus,
+                    "] for this topology, got ", l.local);
+  for (int h = 0; h < l.nodes; ++h) {
+    const std::vector<int> ids = t.host_gpus(h);
+    l.gpus.insert(l.gpus.end(), ids.begin(), ids.begin() + l.local);
+  }
+  return l;
+}
+
+bool model_terms(const std::string& backend, const std::string& algorithm, algo::Coll coll, int nranks, int local,
+                 int* steps, double* bytes_per_byte) {
+  // NCCL's ring and tree move what our ring/tree schedules move; NVLS is priced by bus bandwidth.
+  std::string sched = algorithm;
+  if (backend == "nccl" && algorithm == "nvls") {
+    *steps = 2;
+    *bytes_per_byte = busbw_factor(coll, nranks);
+    return true;
+  }
+  const Counts& c = counts(sched, coll, nranks, local > 0 ? local : nranks);
+  if (!c.ok) return false;
+  *steps = c.steps;
+  *bytes_per_byte = c.recv_per_byte;
+  return true;
+}
+
+Tuning parse_tuning(const std::string& text, const std::string& what) {
+  const Json root = Json::parse(text, what);
+  Tuning t;
+  t.path = what;
+  const Json& fits = root.at("fits", what);
+  for (const auto& kv : fits.items()) {
+    const std::string w = what + ": fits." + kv.first;
+    Fit f;
+    f.a_s = kv.second.at("a_s", w).as_number(w + ".a_s");
+    f.b_s_per_byte = kv.second.at("b_s_per_byte", w).as_number(w + ".b_s_per_byte");
+    GPUCOLL_CHECK_ARG(f.a_s >= 0 && f.b_s_per_byte > 0, w, ": a_s must be >= 0 and b_s_per_byte > 0");
+    const Json* src = kv.second.get("source");
+    f.source = src ? src->as_string(w + ".source") : what;
+    t.fits[kv.first] = f;
+  }
+  return t;
+}
+
+const Tuning& active_tuning() {
+  static std::mutex mu;
+  static std::map<std::string, Tuning> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string path = config_raw("GPUCOLL_TUNING_FILE");
+  auto it = cache.find(path);
+  if (it != cache.end()) return it->second;
+  Tuning t;
+  if (!path.empty()) {
+    std::ifstream f(path);
+    if (!f) GPUCOLL_INVALID_ARG("GPUCOLL_TUNING_FILE=", path, ": cannot open the file");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    t = parse_tuning(ss.str(), "GPUCOLL_TUNING_FILE=" + path);
+  }
+  return cache.emplace(path, t).first->second;
+}
+
+namespace {
+
+struct Ctx {
+  const Topology& t;
+  const Layout& lay;
+  algo::Coll coll;
+  double S;
+  const Tuning& tuning;
+  std::vector<int> node0;  // the first node's GPUs (all nodes look alike in a layout)
+};
+
+void finish(const Ctx& x, Candidate& c, double launch, double step_lat, double bw) {
+  const std::string key = c.backend + ":" + c.algorithm + "@" + c.link_class;
+  auto it = x.tuning.fits.find(key);
+  if (it != x.tuning.fits.end()) {
+    c.seconds = c.steps * it->second.a_s + c.bytes * it->second.b_s_per_byte;
+    c.model = "tuned " + key + " (" + it->second.source + ")";
+  } else {
+    c.seconds = launch + c.steps * step_lat + (bw > 0 ? c.bytes / bw : 0);
+    c.model = "default";
+  }
+  c.usable = true;
+  c.busbw = c.seconds > 0 ? x.S * busbw_factor(x.coll, x.lay.nranks()) / c.seconds : 0;
+}
+
+// Custom P2P kernels on one node: ring needs a ring of P2P hops, the others P2P between every pair.
+Candidate custom(const Ctx& x, const std::string& name) {
+  Candidate c;
+  c.backend = "custom";
+  c.algorithm = name;
+  const int P = x.lay.nranks();
+  const Counts& k = counts(name, x.coll, P, P);
+  if (!k.ok) return c.reason = k.error, c;
+  if (x.lay.nodes > 1) return c.reason = "P2P kernels work inside one node; this job spans " +
+                                         std::to_string(x.lay.nodes) + " nodes", c;
+  const std::vector<int>& g = x.node0;
+  double bw = 0;
+  LinkClass cls = LinkClass::kSelf;
+  if (name == "ring") {
+    const std::vector<int> ring = build_ring(x.t, g, true);
+    if (ring.empty()) {
+      std::string why;
+      for (size_t i = 0; i < g.size() && why.empty(); ++i) {
+        for (size_t j = i + 1; j < g.size() && why.empty(); ++j) p2p_usable(x.t, g[i], g[j], &why);
+      }
+      return c.reason = "no ring of working P2P links (" + why + ")", c;
+    }
+    bw = 1e300;
+    for (size_t i = 0; i < ring.size(); ++i) {
+      const int a = ring[i], b = ring[(i + 1) % ring.size()];
+      cls = std::max(cls, x.t.link(a, b).cls);
+      // Through NVSwitch a ring hop gets the GPU's whole NVLink bandwidth: it is the only peer at that moment.
+      bw = std::min(bw, x.t.link(a, b).nvswitch ? gpu_nvlink_bw(x.t, a, g) : pair_bandwidth(x.t, a, b));
+    }
+  } else {
+    std::string why;
+    for (size_t i = 0; i < g.size(); ++i) {
+      for (size_t j = i + 1; j < g.size(); ++j) {
+        if (!p2p_usable(x.t, g[i], g[j], &why)) return c.reason = name + " needs working P2P between every pair: " + why, c;
+      }
+    }
+    // All peers at once: each peer's share over its pair link, and everything through the GPU's ingress
+    // (NVLink total, or one PCIe x16 for all peers).
+    cls = worst_class(x.t, g);
+    double min_pair = 1e300;
+    for (int p : g) {
+      if (p != g[0]) min_pair = std::min(min_pair, pair_bandwidth(x.t, g[0], p));
+    }
+    const double ingress = cls == LinkClass::kNVL ? gpu_nvlink_bw(x.t, g[0], g) : pcie_bw(x.t.gpus[g[0]]);
+    bw = std::min(ingress, x.t.link(g[0], g[1]).nvswitch ? ingress : min_pair * (P - 1));
+  }
+  c.link_class = link_class_name(cls);
+  c.steps = k.steps;
+  c.bytes = k.recv_per_byte * x.S;
+  finish(x, c, kCustomLaunch, custom_step_lat(cls), bw * kCustomEff);
+  return c;
+}
+
+// Intra-node ring bandwidth NCCL reaches: with NVLink on every hop NCCL builds several rings over all links
+// (DGX-1's hybrid cube-mesh is covered by its ring search), so the GPU's total NVLink rate; else the bottleneck.
+double nccl_intra_bw(const Ctx& x, LinkClass* cls) {
+  const std::vector<int>& g = x.node0;
+  if (g.size() < 2) {
+    *cls = LinkClass::kNVL;
+    return 1e15;
+  }
+  const std::vector<int> ring = build_ring(x.t, g, false);
+  double bottleneck = 1e300;
+  bool all_nvl = true;
+  *cls = LinkClass::kSelf;
+  for (size_t i = 0; i < ring.size(); ++i) {
+    const int a = ring[i], b = ring[(i + 1) % ring.size()];
+    *cls = std::max(*cls, x.t.link(a, b).cls);
+    all_nvl = all_nvl && x.t.link(a, b).cls == LinkClass::kNVL;
+    bottleneck = std::min(bottleneck, pair_bandwidth(x.t, a, b));
+  }
+  if (!all_nvl) return bottleneck;
+  double total = 1e300;
+  for (int a : g) total = std::min(total, gpu_nvlink_bw(x.t, a, g));
+  return total;
+}
+
+void nccl(const Ctx& x, std::vector<Candidate>& out) {
+  const int P = x.lay.nranks();
+  const Counts& k = counts("ring", x.coll, P, P);
+  LinkClass intra = LinkClass::kNVL;
+  const double intra_bw = nccl_intra_bw(x, &intra);
+  double bw = intra_bw;
+  LinkClass cls = intra;
+  if (x.lay.nodes > 1) {
+    bw = std::min(bw, node_net_bw(x.t, 0, nullptr));
+    cls = LinkClass::kNET;
+  }
+  for (bool ll : {true, false}) {
+    Candidate c;
+    c.backend = "nccl";
+    c.algorithm = "ring";
+    c.protocol = ll ? "LL" : "Simple";
+    c.link_class = link_class_name(cls);
+    if (!k.ok) {
+      c.reason = k.error;
+    } else {
+      c.steps = k.steps;
+      c.bytes = k.recv_per_byte * x.S;
+      finish(x, c, ll ? kNcclBaseLL : kNcclBaseSimple, nccl_step_lat(cls, ll), bw * (ll ? kNcclLLEff : kNcclRingEff));
+    }
+    out.push_back(c);
+  }
+  Candidate v;
+  v.backend = "nccl";
+  v.algorithm = "nvls";
+  v.protocol = "Simple";
+  v.link_class = "NVL";
+  const std::vector<int>& g = x.node0;
+  const bool switched = g.size() >= 2 && x.t.link(g[0], g[1]).nvswitch && worst_class(x.t, g) == LinkClass::kNVL;
+  if (x.coll != algo::Coll::kAllReduce && x.coll != algo::Coll::kAllGather && x.coll != algo::Coll::kReduceScatter) {
+    v.reason = "NVLS serves all_reduce, all_gather and reduce_scatter";
+  } else if (!switched || (x.t.gpus[g[0]].cc_major > 0 ? x.t.gpus[g[0]].cc_major < 9 : x.t.gpus[g[0]].nvlink_gen < 4)) {
+    // (nvidia-smi text carries no compute capability: NVLink gen 4+ through NVSwitch means Hopper or newer.)
+    v.reason = "NVLS needs NVSwitch and sm_90 or newer (NVLink SHARP)";
+  } else if (x.lay.nodes > 1) {
+    v.reason = "modelled for one node only (NCCL's NVLS_TREE across nodes is not modelled)";
+  } else {
+    v.steps = 2;
+    v.bytes = busbw_factor(x.coll, P) * x.S;
+    finish(x, v, kNcclBaseNvls, 0, gpu_nvlink_bw(x.t, g[0], g) * kNcclNvlsEff);
+  }
+  out.push_back(v);
+}
+
+// Two levels: ring reduce-scatter/all-gather inside each node (our P2P kernels, else NCCL), ring all_reduce
+// between nodes on 1/L of the data per rank (hierarchical.h). Phase steps and bytes follow that header's
+// formulas; their sums are checked against the checker's totals.
+Candidate hierarchical(const Ctx& x) {
+  Candidate c;
+  c.algorithm = "hierarchical";
+  const int P = x.lay.nranks(), L = x.lay.local, N = x.lay.nodes;
+  const Counts& k = counts("hierarchical", x.coll, P, L);
+  c.backend = "custom+nccl";
+  if (!k.ok) return c.reason = k.error, c;
+  if (N < 2) return c.reason = "a single node: nothing to split (the flat algorithms are the same schedule)", c;
+  const int intra_steps = 2 * (L - 1), inter_steps = 2 * (N - 1);
+  GPUCOLL_INTERNAL_CHECK(intra_steps + inter_steps == k.steps);
+  std::string why;
+  bool p2p = true;
+  for (size_t i = 0; i < x.node0.size(); ++i) {
+    for (size_t j = i + 1; j < x.node0.size(); ++j) p2p = p2p && p2p_usable(x.t, x.node0[i], x.node0[j], &why);
+  }
+  if (!p2p) c.backend = "nccl";  // the intra-node phases then run on NCCL send/recv
+  LinkClass intra_cls;
+  const double intra_bw = nccl_intra_bw(x, &intra_cls) * (p2p ? kCustomEff : kNcclRingEff);
+  const double net_bw = node_net_bw(x.t, 0, nullptr);
+  const double intra_bytes = 2.0 * (L - 1) / L * x.S, inter_bytes = 2.0 * (N - 1) / N * x.S / L;
+  c.link_class = "NET";
+  c.steps = k.steps;
+  c.bytes = k.recv_per_byte * x.S;
+  finish(x, c, p2p ? kCustomLaunch : kNcclBaseSimple, 0, 0);
+  if (c.model == "default") {
+    // L ranks of a node run their inter-node rings at once and share the node's NICs: net_bw / L each.
+    c.seconds += intra_steps * (p2p ? custom_step_lat(intra_cls) : nccl_step_lat(intra_cls, false)) +
+                 intra_bytes / intra_bw + inter_steps * nccl_step_lat(LinkClass::kNET, false) +
+                 inter_bytes / (net_bw / L);
+    c.busbw = x.S * busbw_factor(x.coll, P) / c.seconds;
+  }
+  return c;
+}
+
+Candidate host(const Ctx& x) {
+  Candidate c;
+  c.backend = "host";
+  c.link_class = "SHM";
+  const int P = x.lay.nranks();
+  if (x.lay.nodes > 1) return c.reason = "the host backend is shared memory on one node", c;
+  const algo::CostParams cp = algo::host_cost_params();
+  double best = -1;
+  for (const algo::Algorithm* a : algo::algorithms()) {
+    const algo::Prediction p = algo::predict(*a, x.coll, P, static_cast<int64_t>(x.S), P, cp);
+    if (p.usable && (best < 0 || p.seconds < best)) {
+      best = p.seconds;
+      c.algorithm = a->name;
+      c.steps = p.steps;
+      c.bytes = static_cast<double>(p.bytes_recv);
+    }
+  }
+  if (best < 0) return c.reason = "no host algorithm serves this collective", c;
+  // GPU buffers are copied to host memory and back over each GPU's PCIe link.
+  const double pcie = x.node0.empty() ? 1e15 : pcie_bw(x.t.gpus[x.node0[0]]) * 0.8;
+  c.seconds = best + 2 * x.S / pcie + 2 * 5e-6;
+  c.usable = true;
+  c.model = "host cost model (algo/selector.h) + 2 PCIe copies";
+  c.busbw = x.S * busbw_factor(x.coll, P) / c.seconds;
+  return c;
+}
+
+}  // namespace
+
+std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes,
+                                  const std::string& dtype, const Backends& avail, const Tuning& tuning) {
+  const int esize = dtype_size(lower(dtype));
+  GPUCOLL_CHECK_ARG(esize > 0, "unknown dtype '", dtype, "' (expected e.g. float32, bfloat16, float16, int32)");
+  GPUCOLL_CHECK_ARG(nbytes >= 0 && nbytes % esize == 0, "nbytes=", nbytes, " is not a whole number of ", dtype,
+                    " elements");
+  GPUCOLL_CHECK_ARG(lay.nranks() >= 1 && static_cast<int>(lay.gpus.size()) == lay.nranks(), "bad layout");
+  Ctx x{t, lay, coll, static_cast<double>(nbytes), tuning, {}};
+  x.node0.assign(lay.gpus.begin(), lay.gpus.begin() + lay.local);
+  std::vector<Candidate> out;
+  auto add = [&](Candidate c, bool available, const char* what) {
+    if (!available && c.usable) {
+      c.usable = false;
+      c.reason = std::string(what) + " backend not available";
+    }
+    out.push_back(c);
+  };
+  for (const char* name : {"oneshot", "twoshot", "ring", "tree"}) add(custom(x, name), avail.custom, "custom");
+  std::vector<Candidate> n;
+  nccl(x, n);
+  for (Candidate& c : n) add(c, avail.nccl, "nccl");
+  if (coll == algo::Coll::kAllReduce) add(hierarchical(x), avail.nccl, "nccl");
+  add(host(x), avail.host, "host");
+  if (lay.nranks() == 1) {
+    for (Candidate& c : out) c.busbw = 0;
+  }
+  return out;
+}
+
+Candidate select(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes, const std::string& dtype,
+                 const Backends& avail, const std::string& requested, const Tuning& tuning) {
+  std::string req = lower(requested);
+  std::string source = "algo";
+  if (req.empty() || req == "auto") {
+    req = algo::algo_override(coll);
+    source = "GPUCOLL_ALGO";
+  }
+  const std::vector<Candidate> all = candidates(t, lay, coll, nbytes, dtype, avail, tuning);
+  const Candidate* best = nullptr;
+  if (req.empty() || req == "auto") {
+    for (const Candidate& c : all) {
+      if (c.usable && (best == nullptr || c.seconds < best->seconds)) best = &c;
+    }
+    GPUCOLL_CHECK_ARG(best != nullptr, "no backend can run ", algo::coll_name(coll), " on this topology");
+    return *best;
+  }
+  // "backend:algorithm", "backend" or "algorithm". A bare algorithm name means the GPU backends' (custom, NCCL):
+  // the host backend picks among its own schedules, so "host" or "host:ring" name it.
+  const size_t colon = req.find(':');
+  const std::string want_b = colon == std::string::npos ? "" : req.substr(0, colon);
+  const std::string want_a = colon == std::string::npos ? req : req.substr(colon + 1);
+  std::string reasons, names;
+  for (const Candidate& c : all) {
+    const std::string full = c.backend + ":" + c.algorithm;
+    if (names.find(full) == std::string::npos) names += (names.empty() ? "" : ", ") + full;
+    const bool match = colon != std::string::npos ? (c.backend == want_b && c.algorithm == want_a)
+                                                  : (c.backend == want_a || (c.backend != "host" && c.algorithm == want_a));
+    if (!match) continue;
+    if (!c.usable) {
+      reasons += (reasons.empty() ? "" : "; ") + full + (c.protocol.empty() ? "" : "/" + c.protocol) + ": " + c.reason;
+    } else if (best == nullptr || c.seconds < best->seconds) {
+      best = &c;
+    }
+  }
+  if (best != nullptr) return *best;
+  if (reasons.empty()) {
+    GPUCOLL_INVALID_ARG(source, "='", req, "' names no backend or algorithm for ", algo::coll_name(coll),
+                        "; candidates: auto, ", names);
+  }
+  GPUCOLL_INVALID_ARG(source, "='", req, "' cannot run ", algo::coll_name(coll), " on ", lay.nranks(),
+                      " ranks of this topology: ", reasons);
+}
+
+}  // namespace gpucoll::topo

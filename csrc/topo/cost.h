@@ -1,0 +1,92 @@
+// Topology-aware cost model: which backend and algorithm serve a collective fastest on a given wiring.
+//
+// Like NCCL's src/graph/tuning.cc, every candidate is priced as  launch + steps * a(class) + bytes / bw(class):
+// steps and the busiest rank's bytes come from the schedule checker (algo/checker.h, the one source of truth
+// for traffic), a and bw from the link class the pattern crosses (NVLink by generation and lane count, PCIe by
+// generation and width, staged host memory, network). Shipped defaults are in cost.cc, each with its source; a
+// tuning file (GPUCOLL_TUNING_FILE, written by gpucoll-tune from gpucoll-bench results) replaces them per
+// (backend, algorithm, link class). The host backend's own selection for CPU buffers (algo/selector.h) is not
+// changed by any of this.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "algo/schedule.h"
+#include "topo/topology.h"
+
+namespace gpucoll::topo {
+
+// Which ranks sit on which GPUs: rank r runs on node r / local, GPU gpus[r] (a global Topology index).
+struct Layout {
+  int nodes = 1;
+  int local = 1;
+  std::vector<int> gpus;
+  int nranks() const { return nodes * local; }
+};
+// nranks_per_node 0: every GPU of a host; nodes 0: every host of the topology (a single-host topology with
+// nodes > 1 is replicated, see replicate()). Throws InvalidArgument when the topology has too few GPUs.
+Layout make_layout(const Topology& t, int nranks_per_node, int nodes);
+
+struct Backends {
+  bool custom = true;  // gpucoll's P2P kernels (modelled; not implemented yet)
+  bool nccl = true;
+  bool host = true;    // staging GPU buffers through host memory and the shared-memory host backend
+};
+
+// One fitted line of a tuning file: time = steps * a + bytes * b.
+struct Fit {
+  double a_s = 0;
+  double b_s_per_byte = 0;
+  std::string source;
+};
+struct Tuning {
+  std::map<std::string, Fit> fits;  // key "backend:algorithm@CLASS", e.g. "nccl:ring@NVL"
+  std::string path;
+};
+Tuning parse_tuning(const std::string& json_text, const std::string& what);
+// GPUCOLL_TUNING_FILE's contents (read once per path), or no fits.
+const Tuning& active_tuning();
+
+struct Candidate {
+  std::string backend;     // custom, nccl, host, custom+nccl
+  std::string algorithm;   // oneshot, twoshot, ring, tree, nvls, hierarchical, or the host algorithm
+  std::string protocol;    // NCCL's LL/Simple where it matters, else ""
+  std::string link_class;  // class of the slowest hop: NVL, PIX, PXB, PHB, NODE, SYS, NET, SHM
+  bool usable = false;
+  std::string reason;      // why not, when !usable
+  int steps = 0;
+  double bytes = 0;        // per rank, busiest rank, whole message (bandwidth term)
+  double seconds = 0;
+  double busbw = 0;        // bytes/s, nccl-tests' definition
+  std::string model;       // "default" or the tuning-file entry used
+};
+
+// Every candidate for the call, usable or not (with reasons), in a fixed order.
+std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes,
+                                  const std::string& dtype, const Backends& avail, const Tuning& tuning);
+
+// The fastest usable candidate. `requested` ("auto", "oneshot", "nccl", "nccl:ring", "custom:ring", "host",
+// ...) and, when it is auto, GPUCOLL_ALGO win over the model; an impossible request throws InvalidArgument
+// saying why.
+Candidate select(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes, const std::string& dtype,
+                 const Backends& avail, const std::string& requested, const Tuning& tuning);
+
+// One-direction bandwidth between two GPUs of one host in bytes/s (raw link rate, before efficiency).
+double pair_bandwidth(const Topology& t, int a, int b);
+// Whether P2P kernels may use the pair: NVLink, PIX or PXB (NCCL's default P2P level), not refused or failed.
+bool p2p_usable(const Topology& t, int a, int b, std::string* why);
+// The ring gpucoll would build over `gpus`: the cycle with the largest bottleneck bandwidth (exhaustive up to 10
+// GPUs, else in index order); only P2P-usable hops when require_p2p (empty when no such cycle exists).
+std::vector<int> build_ring(const Topology& t, const std::vector<int>& gpus, bool require_p2p);
+
+// nccl-tests' bus bandwidth factor.
+double busbw_factor(algo::Coll coll, int nranks);
+
+// Model terms for calibration (gpucoll-tune): steps and bytes per message byte of (backend, algorithm).
+bool model_terms(const std::string& backend, const std::string& algorithm, algo::Coll coll, int nranks,
+                 int local, int* steps, double* bytes_per_byte);
+
+}  // namespace gpucoll::topo

@@ -1,0 +1,146 @@
+"""``gpucoll-topo``: see the wiring and what gpucoll would do on it.
+
+Prints the GPU matrix like ``nvidia-smi topo -m`` with our link classes and each pair's bandwidth, the NICs,
+the rings and trees gpucoll would build, and for a collective (all_reduce by default) a table from 8 B to
+1 GiB: chosen backend/algorithm, predicted time and bus bandwidth. ``--from-nvidia-smi``/``--from-nccl-xml``/
+``--from-json`` explain a machine you are not on; ``--nodes``/``--nranks-per-node`` a multi-node job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gpucoll import topology
+from gpucoll.errors import GpucollError
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n // div} {unit}" if n % div == 0 else f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def sizes(lo: int = 8, hi: int = 1 << 30) -> list:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 4
+    if out[-1] != hi:
+        out.append(hi)
+    return out
+
+
+def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_node: int = 0, nodes: int = 0,
+           tuning: str = "") -> dict:
+    """Everything gpucoll-topo prints, as a dict (the --json output)."""
+    if nodes > 1 and topo.num_hosts == 1:
+        topo = topology.replicate(topo, nodes)
+    n = topo.num_gpus
+    matrix = [[topo.link_label(a, b) for b in range(n)] for a in range(n)]
+    bw = [[(0.0 if a == b or topo.link_class(a, b) == "NET" else topo.pair_bandwidth(a, b) / 1e9) for b in range(n)]
+          for a in range(n)]
+    doc = {"topology": topology.to_dict(topo), "matrix": matrix, "bandwidth_GBps": bw, "rows": []}
+    if n == 0:
+        return doc
+    n_nodes, local, gpus = topology._C.topo_layout(topo, nranks_per_node, nodes)
+    doc["layout"] = {"nodes": n_nodes, "ranks_per_node": local, "gpus": gpus}
+    node0 = gpus[:local]
+    doc["ring"] = topology.ring(topo, node0)
+    doc["p2p_ring"] = topology.ring(topo, node0, require_p2p=True)
+    doc["trees"] = topology.trees(topo, nranks_per_node, nodes)
+    esize = {"float64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}.get(dtype, 4)
+    for s in sizes():
+        if s % esize:
+            continue
+        choice = topology.select(topo, coll, s, dtype, nranks_per_node, nodes, tuning=tuning)
+        doc["rows"].append({**choice, "size": s})
+    return doc
+
+
+def print_report(doc: dict, out=sys.stdout) -> None:
+    t = doc["topology"]
+    gpus = t["gpus"]
+    n = len(gpus)
+    print(f"# topology: {n} GPUs on {len(t['hosts'])} host(s) (source: {t['source']})", file=out)
+    for note in t.get("notes", []):
+        print(f"# note: {note}", file=out)
+    if n == 0:
+        print("# no GPUs: nothing to connect", file=out)
+        return
+    width = 10
+    print("".join(["        "] + [f"GPU{i}".ljust(width) for i in range(n)]) + "NUMA  host", file=out)
+    for a in range(n):
+        cells = []
+        for b in range(n):
+            lab = doc["matrix"][a][b]
+            bw = doc["bandwidth_GBps"][a][b]
+            cells.append((f"{lab}/{bw:.0f}" if bw and lab != "X" else lab).ljust(width))
+        print(f"GPU{a:<5}" + "".join(cells) + f"{gpus[a]['numa_node']:<6}{t['hosts'][gpus[a]['host']]['name']}",
+              file=out)
+    print("# cells: link class (NV<n> = n NVLinks, PIX/PXB/PHB/NODE/SYS as nvidia-smi, NET = other host) / "
+          "one-direction GB/s the model uses", file=out)
+    for nic in t["nics"]:
+        paths = " ".join(nic["gpu_paths"]) or "-"
+        print(f"# NIC {nic['name']} host {nic['host']} {nic['speed_gbps']:g} Gb/s, paths to GPUs: {paths}", file=out)
+    lay = doc["layout"]
+    print(f"# layout: {lay['nodes']} node(s) x {lay['ranks_per_node']} ranks", file=out)
+    print(f"# ring (NCCL-style, any path): {' -> '.join(map(str, doc['ring']))}", file=out)
+    p2p = doc["p2p_ring"]
+    print(f"# ring over P2P only (our kernels): {' -> '.join(map(str, p2p)) if p2p else 'none (no P2P ring)'}",
+          file=out)
+    tr = doc["trees"]
+    print(f"# trees: chain per node {tr['chains']}; between nodes (parent, child): {tr['inter'] or '-'}", file=out)
+    print(f"{'size':>10}  {'backend':<12} {'algorithm':<14} {'proto':<7} {'time (us)':>11} {'busbw (GB/s)':>13}  model",
+          file=out)
+    for r in doc["rows"]:
+        print(f"{_size(r['size']):>10}  {r['backend']:<12} {r['algorithm']:<14} {r['protocol'] or '-':<7} "
+              f"{r['seconds'] * 1e6:>11.1f} {r['busbw'] / 1e9:>13.1f}  {r['model']}", file=out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpucoll-topo", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--from-nvidia-smi", metavar="FILE", help="`nvidia-smi topo -m` output ('-' for stdin)")
+    src.add_argument("--from-nccl-xml", metavar="FILE", help="NCCL_TOPO_DUMP_FILE output")
+    src.add_argument("--from-json", metavar="FILE", help="a gpucoll topology JSON (GPUCOLL_TOPO_DUMP_FILE)")
+    p.add_argument("--nodes", type=int, default=0, help="nodes in the job (a one-host topology is replicated)")
+    p.add_argument("--nranks-per-node", type=int, default=0, help="ranks per node (default: every GPU)")
+    p.add_argument("--coll", default="all_reduce", help="collective for the table (default all_reduce)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--tuning", metavar="FILE", help="tuning JSON from gpucoll-tune (default: GPUCOLL_TUNING_FILE)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+
+    def read(path):
+        if path == "-":
+            return sys.stdin.read()
+        with open(path) as f:
+            return f.read()
+
+    try:
+        if args.from_nvidia_smi:
+            topo = topology.from_nvidia_smi(read(args.from_nvidia_smi))
+        elif args.from_nccl_xml:
+            topo = topology.from_nccl_xml(read(args.from_nccl_xml))
+        elif args.from_json:
+            topo = topology.from_json(read(args.from_json))
+        else:
+            topo = topology.detect()
+        tuning = read(args.tuning) if args.tuning else ""
+        doc = report(topo, args.coll, args.dtype, args.nranks_per_node, args.nodes, tuning)
+    except (GpucollError, OSError) as exc:
+        print(f"gpucoll-topo: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    else:
+        print_report(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``gpucoll-tune RESULTS.json... -o tuning.json``: fit the cost model to measurements.
+
+Reads gpucoll-bench ``--json`` documents (gpucoll/bench/report.py), groups rows by (backend, algorithm, link
+class, collective, ranks), and fits ``time = steps * a + bytes * b`` by least squares over message sizes, with
+steps and bytes per rank from the same schedule counts the selector uses (``_C.topo_model_terms``). It prints
+each fit's quality (R^2 and the worst relative error) and writes ``{"fits": {"backend:algo@CLASS": {"a_s",
+"b_s_per_byte", "source"}}}``, which the selector reads from GPUCOLL_TUNING_FILE.
+
+The link class is not in a bench document: host-backend runs are SHM; for GPU runs pass ``--link-class NVL``
+(or PIX, PXB, ...) as shown by gpucoll-topo on that machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def _rows(doc: dict):
+    env = doc.get("environment", {})
+    backend = env.get("backend", "host")
+    nranks = int(env.get("nranks", 0))
+    for r in doc.get("results", []):
+        for place in ("out_of_place", "in_place"):
+            res = r.get(place) or {}
+            if res.get("time") is not None and r.get("size"):
+                yield backend, r.get("algo", ""), r.get("collective") or doc.get("config", {}).get("collective", ""), \
+                    nranks, int(r["size"]), float(res["time"]) * 1e-6
+
+
+def fit(docs, link_class: str = "", local: int = 0) -> dict:
+    from gpucoll import _C
+
+    groups: dict = {}
+    for doc in docs:
+        for backend, algo, coll, nranks, size, t in _rows(doc):
+            cls = link_class or ("SHM" if backend == "host" else "")
+            if not cls:
+                raise SystemExit(f"gpucoll-tune: backend {backend!r} results need --link-class (e.g. NVL, PIX)")
+            model_backend = "custom" if backend == "custom" else "nccl" if backend == "nccl" else "host"
+            groups.setdefault((model_backend, algo, cls, coll, nranks), []).append((size, t))
+    fits = {}
+    for (backend, algo, cls, coll, nranks), pts in sorted(groups.items()):
+        terms = _C.topo_model_terms(backend if backend != "host" else "custom", algo, coll, nranks, local)
+        if terms is None or len(pts) < 2:
+            continue
+        steps, per_byte = terms
+        sizes = np.array([p[0] for p in pts], dtype=float)
+        times = np.array([p[1] for p in pts], dtype=float)
+        # Columns: steps (latency term) and bytes moved per rank (bandwidth term). Relative weighting: small
+        # and large messages count alike, otherwise the largest sizes alone decide the line.
+        A = np.stack([np.full_like(sizes, steps), sizes * per_byte], axis=1)
+        w = 1.0 / times
+        coef, *_ = np.linalg.lstsq(A * w[:, None], times * w, rcond=None)
+        a, b = float(max(coef[0], 0.0)), float(max(coef[1], 1e-15))
+        pred = A @ np.array([a, b])
+        ss_res = float(np.sum((times - pred) ** 2))
+        ss_tot = float(np.sum((times - times.mean()) ** 2)) or 1.0
+        worst = float(np.max(np.abs(pred - times) / times))
+        key = f"{backend}:{algo}@{cls}"
+        fits[key] = {"a_s": a, "b_s_per_byte": b, "collective": coll, "nranks": nranks, "points": len(pts),
+                     "r2": 1 - ss_res / ss_tot, "max_rel_error": worst,
+                     "source": f"gpucoll-tune fit of {len(pts)} points ({coll}, {nranks} ranks)"}
+    return {"format": "gpucoll-tuning", "version": 1, "fits": fits}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpucoll-tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", nargs="+", help="gpucoll-bench --json files")
+    p.add_argument("-o", "--output", required=True, help="tuning JSON to write (use with GPUCOLL_TUNING_FILE)")
+    p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET)")
+    p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs")
+    args = p.parse_args(argv)
+    docs = []
+    for path in args.results:
+        with open(path) as f:
+            docs.append(json.load(f))
+    out = fit(docs, args.link_class, args.local_size)
+    if not out["fits"]:
+        print("gpucoll-tune: no (algorithm, size) series with at least two sizes in the input", file=sys.stderr)
+        return 2
+    print(f"{'entry':<32} {'a (us/step)':>12} {'b (ns/B)':>10} {'GB/s':>8} {'points':>7} {'R^2':>7} {'max err':>8}")
+    for key, f in out["fits"].items():
+        print(f"{key:<32} {f['a_s'] * 1e6:>12.3f} {f['b_s_per_byte'] * 1e9:>10.4f} {1 / f['b_s_per_byte'] / 1e9:>8.2f} "
+              f"{f['points']:>7} {f['r2']:>7.4f} {f['max_rel_error'] * 100:>7.1f}%")
+    with open(args.output, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Topology-aware selection (csrc/topo/cost.cc), gpucoll-topo and gpucoll-tune."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gpucoll import topology as T
+from gpucoll.errors import InvalidArgument
+
+FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "topo"
+SIZES = [8 << k for k in range(0, 28, 2)]  # 8 B .. 512 MiB
+P2P_KERNELS = {"oneshot", "twoshot", "ring", "tree"}
+
+
+def load(name):
+    return T.load(str(FIX / name))
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    monkeypatch.delenv("GPUCOLL_ALGO", raising=False)
+    monkeypatch.delenv("GPUCOLL_TUNING_FILE", raising=False)
+
+
+def table(t, **kw):
+    return {s: T.select(t, "all_reduce", s, **kw) for s in SIZES + [1 << 30]}
+
+
+@pytest.mark.parametrize("name", ["h100_8x_nvsmi.txt", "a100_8x_nvsmi.txt", "a100_8x_nccl.xml"])
+def test_nvlink_full_mesh_small_custom_large_nccl(name):
+    tab = table(load(name))
+    for s in (8, 2 << 10, 32 << 10):
+        assert (tab[s]["backend"], tab[s]["algorithm"]) == ("custom", "oneshot"), (s, tab[s])
+    assert (tab[512 << 10]["backend"], tab[512 << 10]["algorithm"]) == ("custom", "twoshot")
+    assert tab[1 << 30]["backend"] == "nccl"
+    # Monotone: once NCCL wins, it keeps winning.
+    backends = [tab[s]["backend"] for s in sorted(tab)]
+    assert backends == sorted(backends, key=lambda b: b == "nccl")
+
+
+def test_h100_ring_busbw_matches_published_figure():
+    c = T.select(load("h100_8x_nvsmi.txt"), "all_reduce", 8 << 30, algo="nccl:ring")
+    assert c["protocol"] == "Simple"
+    assert abs(c["busbw"] / 1e9 - 370) / 370 < 0.15, c
+    nvls = T.select(load("h100_8x_nvsmi.txt"), "all_reduce", 8 << 30)
+    assert nvls["algorithm"] == "nvls" and abs(nvls["busbw"] / 1e9 - 484) / 484 < 0.15
+
+
+@pytest.mark.parametrize("name", ["pcie_2x_nvsmi.txt", "pcie_4x_nvsmi.txt", "pcie_4x_nccl.xml", "dgx1_v100_nvsmi.txt"])
+def test_no_p2p_kernels_without_p2p_everywhere(name):
+    t = load(name)
+    for s, c in table(t).items():
+        assert not (c["backend"] == "custom" and c["algorithm"] != "ring"), (s, c)
+        if c["backend"] == "custom":  # a ring is allowed only over working P2P hops
+            assert T.ring(t, range(t.num_gpus), require_p2p=True)
+    if name != "dgx1_v100_nvsmi.txt":
+        assert all(c["backend"] != "custom" for c in table(t).values())
+
+
+def test_p2p_reported_but_failing():
+    t = load("h100_8x_nvsmi.txt")
+    t.set_p2p(2, 5, "failed")
+    for s, c in table(t).items():
+        assert c["backend"] != "custom", (s, c)
+    with pytest.raises(InvalidArgument, match=r"oneshot.*GPU 2 and GPU 5: P2P is reported but failed"):
+        T.select(t, "all_reduce", 1024, algo="oneshot")
+
+
+def test_subset_of_gpus_on_pcie_box_can_use_p2p():
+    # Ranks only on GPU0/GPU1 (PIX): P2P kernels become possible.
+    c = T.select(load("pcie_4x_nvsmi.txt"), "all_reduce", 8, nranks_per_node=2)
+    assert c["backend"] == "custom"
+
+
+def test_across_nodes_hierarchical():
+    t = load("h100_2node_16x.json")
+    for s, c in table(t).items():
+        assert c["algorithm"] == "hierarchical", (s, c)
+        assert c["backend"] in ("custom+nccl", "nccl")
+    rep = T.replicate(load("pcie_4x_nvsmi.txt"), 2)
+    assert T.select(rep, "all_reduce", 1 << 20)["algorithm"] == "hierarchical"
+    with pytest.raises(InvalidArgument, match="inside one node"):
+        T.select(t, "all_reduce", 1 << 20, algo="twoshot")
+
+
+def test_explicit_algo_and_env_win(monkeypatch):
+    t = load("h100_8x_nvsmi.txt")
+    assert T.select(t, "all_reduce", 8, algo="nccl")["backend"] == "nccl"
+    assert T.select(t, "all_reduce", 1 << 30, algo="custom:ring")["algorithm"] == "ring"
+    assert T.select(t, "all_reduce", 1 << 30, algo="host")["backend"] == "host"
+    monkeypatch.setenv("GPUCOLL_ALGO", "allreduce:nccl:ring")
+    c = T.select(t, "all_reduce", 8)
+    assert (c["backend"], c["algorithm"]) == ("nccl", "ring")
+    assert T.select(t, "all_reduce", 8, algo="oneshot")["algorithm"] == "oneshot"  # algo= beats the variable
+    with pytest.raises(InvalidArgument, match="names no backend or algorithm"):
+        T.select(t, "all_reduce", 8, algo="warp_drive")
+    with pytest.raises(InvalidArgument, match="NVLS needs NVSwitch"):
+        T.select(load("pcie_2x_nvsmi.txt"), "all_reduce", 8, algo="nccl:nvls")
+
+
+def test_backends_unavailable_and_dtype():
+    t = load("h100_8x_nvsmi.txt")
+    assert T.select(t, "all_reduce", 8, custom=False)["backend"] == "nccl"
+    assert T.select(t, "all_reduce", 8, custom=False, nccl=False)["backend"] == "host"
+    with pytest.raises(InvalidArgument, match="whole number"):
+        T.select(t, "all_reduce", 6, dtype="float32")
+    with pytest.raises(InvalidArgument, match="unknown dtype"):
+        T.select(t, "all_reduce", 8, dtype="complex256")
+    assert T.select(t, "all_gather", 1 << 20)["usable"]
+
+
+def test_tuning_file_overrides(tmp_path):
+    t = load("h100_8x_nvsmi.txt")
+    tuning = json.dumps({"fits": {"nccl:ring@NVL": {"a_s": 1e-9, "b_s_per_byte": 1e-13, "source": "test"}}})
+    c = T.select(t, "all_reduce", 1 << 20, tuning=tuning)
+    assert (c["backend"], c["algorithm"]) == ("nccl", "ring") and "tuned" in c["model"]
+    path = tmp_path / "t.json"
+    path.write_text(tuning)
+    code = ("from gpucoll import topology as T; "
+            f"print(T.select(T.load({str(FIX / 'h100_8x_nvsmi.txt')!r}), 'all_reduce', 1<<20)['model'])")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "GPUCOLL_TUNING_FILE": str(path)},
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and "tuned nccl:ring@NVL" in r.stdout, r.stderr
+
+
+def test_topo_cli(capsys):
+    from gpucoll import topo_cli
+
+    assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "NV18/450" in out and "oneshot" in out and "1 GiB" in out and "ring" in out
+    assert topo_cli.main(["--from-nccl-xml", str(FIX / "a100_8x_nccl.xml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"][0]["size"] == 8 and doc["rows"][-1]["size"] == 1 << 30
+    assert topo_cli.main(["--from-json", str(FIX / "h100_8x_nvsmi.txt")]) == 2  # wrong format: clear error
+    assert "topology JSON" in capsys.readouterr().err
+    assert topo_cli.main(["--from-nvidia-smi", str(FIX / "pcie_4x_nvsmi.txt"), "--nodes", "2",
+                          "--nranks-per-node", "2"]) == 0
+    assert "hierarchical" in capsys.readouterr().out
+    assert topo_cli.main([]) == 0  # detection here
+
+
+def test_tune_fits_host_bench_json(tmp_path):
+    from gpucoll import _C, tune
+
+    # Synthetic gpucoll-bench document generated from known a and b: the fit must recover them.
+    a, b = 10e-6, 0.2e-9
+    rows = []
+    for size in [4096 << k for k in range(10)]:
+        steps, per_byte = _C.topo_model_terms("custom", "ring", "all_reduce", 4, 0)
+        rows.append({"size": size, "count": size // 4, "type": "float32", "redop": "sum", "root": 0,
+                     "collective": "all_reduce", "algo": "ring", "actual_iterations": 5,
+                     "out_of_place": {"time": (steps * a + size * per_byte * b) * 1e6, "alg_bw": 0, "bus_bw": 0,
+                                      "nwrong": 0.0}})
+    doc = {"config": {"collective": "all_reduce"}, "environment": {"backend": "host", "nranks": 4}, "results": rows}
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(doc))
+    out = tmp_path / "tuning.json"
+    assert tune.main([str(src), "-o", str(out)]) == 0
+    fit = json.loads(out.read_text())["fits"]["host:ring@SHM"]
+    assert fit["a_s"] == pytest.approx(a, rel=1e-3) and fit["b_s_per_byte"] == pytest.approx(b, rel=1e-3)
+    assert fit["r2"] > 0.999
+    assert _C.topo_check_tuning(out.read_text()) == 1
