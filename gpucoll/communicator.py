@@ -425,20 +425,9 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backen
 
     from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
     torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store)."""
-    from gpucoll import _C
     from gpucoll.bootstrap import TCPStore, detect_launch
 
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise InvalidArgument(f"timeout must be a positive number of seconds; got {timeout!r}")
-    kind = _resolve_backend(backend)
-    if local_size is None:
-        from gpucoll import config
-
-        local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
-    if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 0:
-        raise InvalidArgument(f"local_size must be a non-negative int (0: one node); got {local_size!r}")
-    if device is not None and kind != "nccl":
-        raise InvalidArgument(f"device= applies to the nccl backend; this communicator uses the {kind} backend")
+    kind, local_size = _check_common(backend, timeout, local_size, device)
     if from_torch is not None or mpi_comm is not None:
         given = [n for n, v in (("rank", rank), ("world_size", world_size), ("address", address), ("port", port),
                                 ("mpi_comm" if from_torch is not None else "from_torch",
@@ -455,6 +444,29 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backen
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
         store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
+    return _build(launch, store, kind, timeout, local_size, device)
+
+
+def _check_common(backend, timeout, local_size, device):
+    """Checks shared by init and init_from_store; returns the resolved backend and local size."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise InvalidArgument(f"timeout must be a positive number of seconds; got {timeout!r}")
+    kind = _resolve_backend(backend)
+    if local_size is None:
+        from gpucoll import config
+
+        local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
+    if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 0:
+        raise InvalidArgument(f"local_size must be a non-negative int (0: one node); got {local_size!r}")
+    if device is not None and kind != "nccl":
+        raise InvalidArgument(f"device= applies to the nccl backend; this communicator uses the {kind} backend")
+    return kind, local_size
+
+
+def _build(launch, store, kind: str, timeout: float, local_size: int, device) -> Communicator:
+    """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator."""
+    from gpucoll import _C
+
     _C.set_log_rank(launch.rank)
     try:
         if kind == "nccl":
@@ -466,7 +478,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backen
     except BaseException:
         store.close()
         raise
-    _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind}")
+    _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
     return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
                         timeout=timeout, local_size=local_size)
 
@@ -496,3 +508,30 @@ def _init_host(launch, store, timeout: float):
         impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), name, False)
     impl.wait_attached()
     return impl
+
+
+def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto", timeout: float = 300.0,
+                    local_size: int | None = None, device=None, local_rank: int | None = None) -> Communicator:
+    """A communicator over a rendezvous store that already exists, for a caller that knows rank and size (the
+    torch.distributed backend gets both from torch, with torch's store).
+
+    `store` is a torch.distributed Store (wrapped, never closed: it belongs to torch) or an object with gpucoll's
+    store interface (set, get(key, timeout), add, check, close). Several communicators may share one store: each
+    init takes its own keys. Every rank of the group must call this together, as with init."""
+    from gpucoll.bootstrap import LaunchInfo
+    from gpucoll.bootstrap.external import TorchStore, _local_from_env
+
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(f"{name} must be an int; got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InvalidArgument(f"need 0 <= rank < world_size; got rank {rank}, world_size {world_size}")
+    kind, local_size = _check_common(backend, timeout, local_size, device)
+    if type(store).__module__.startswith("torch"):
+        store = TorchStore(store, timeout)
+    lr, lsize = _local_from_env(rank, world_size)
+    if local_rank is not None:
+        lr, lsize = local_rank, max(lsize, local_rank + 1)
+    launch = LaunchInfo(rank=rank, world_size=world_size, local_rank=lr, local_world_size=lsize, address="", port=0,
+                        launcher="store")
+    return _build(launch, store, kind, timeout, local_size, device)

@@ -1,0 +1,794 @@
+"""``ProcessGroupGpucoll``: gpucoll behind torch.distributed's ProcessGroup interface.
+
+torch builds it through the creator registered by ``import gpucoll.torch`` (``create``), with the store, rank and
+size of the group it is making. Communicators are made lazily, one per kind of device the group's tensors live on
+(every rank reaches its first CPU or first CUDA operation together, so the rendezvous is collective):
+
+* CPU tensors run on gpucoll's host backend (shared memory; every rank on one machine);
+* CUDA tensors on gpucoll's NCCL backend, one communicator per CUDA device, on the caller's current stream.
+
+Each communicator takes its keys under ``gpucoll/<device>/`` in the store torch hands in, which torch has already
+prefixed with the group's unique name: the default group, every ``new_group`` and every subset never share a key.
+
+With ``init_process_group("cpu:gloo,cuda:gpucoll")`` torch (up to 2.13 at least) lets a Python ProcessGroup stand
+for the whole group, so the gloo backend torch made for CPU tensors would be dropped; the creator finds it (or makes
+one) and hands CPU tensors to it, as the user asked.
+
+The methods are the ones torch.distributed's Python functions call on a group (torch 2.13 names first, the older
+names torch 2.4-2.12 call as aliases) and the C++ virtuals DDP reaches through torch's trampoline. torch's
+semantics throughout: ReduceOp mapping (AVG on integers truncates toward zero, as NCCL does), complex tensors as
+pairs of reals, lists of outputs, uneven all_to_all splits (run as one group of sends and receives). What gpucoll
+cannot do raises ``gpucoll.Unsupported`` naming the operation; bad arguments raise ``gpucoll.InvalidArgument``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import threading
+
+import torch
+import torch._C._distributed_c10d as c10d
+import torch.distributed as dist
+
+from gpucoll import _log
+from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.torch._worker import Worker
+from gpucoll.torch.work import Work
+
+__all__ = ["ProcessGroupGpucoll", "create"]
+
+BACKEND_NAME = "gpucoll"
+
+# dtypes gpucoll reduces; every other dtype is moved as bytes by the copying collectives.
+_REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
+              torch.int64)
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "PREMUL_SUM": "premul_sum"}
+_BITWISE = ("BAND", "BOR", "BXOR")
+
+
+def _seconds(timeout) -> float:
+    if timeout is None:
+        return 1800.0
+    if isinstance(timeout, datetime.timedelta):
+        return max(timeout.total_seconds(), 1e-3)
+    return float(timeout)
+
+
+def _op_name(op) -> str:
+    """"SUM", "PREMUL_SUM", ... for a torch ReduceOp (object or enum value)."""
+    kind = getattr(op, "op", op)
+    name = getattr(kind, "name", None)
+    if name is None:  # older pybind enums: str() is "RedOpType.SUM"
+        name = str(kind).rsplit(".", 1)[-1]
+    return str(name).upper()
+
+
+class _Call:
+    """One operation in flight inside a method: its communicator, what it enqueued, what to copy back."""
+
+    __slots__ = ("comm", "cuda", "device", "gworks", "writebacks")
+
+    def __init__(self, comm, device: torch.device):
+        self.comm = comm
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.gworks = []
+        self.writebacks = []
+
+    def track(self, result):
+        """Keeps the gpucoll Work of an async_op=True call (nccl); host calls finish before returning."""
+        if self.cuda and result is not None and hasattr(result, "wait"):
+            self.gworks.append(result)
+
+    def out(self, t: torch.Tensor, keep: bool = False) -> torch.Tensor:
+        """`t` as a contiguous tensor to write into: `t` itself, or for a strided `t` a contiguous one copied back
+        into it at the end (holding `t`'s values first when `keep`: an in-place operation reads them)."""
+        if t.is_contiguous():
+            return t
+        tmp = t.contiguous() if keep else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        self.writebacks.append((t, tmp))
+        return tmp
+
+
+class ProcessGroupGpucoll(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on gpucoll (see the module docstring)."""
+
+    def __init__(self, store, rank: int, size: int, timeout=None, *, cpu_backend=None):
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = _seconds(timeout)
+        self._comms = {}
+        self._lock = threading.Lock()
+        self._p2p = []  # queued (send, peer, tensor, Work, device)
+        self._cpu_backend = cpu_backend  # the torch backend CPU tensors go to ("cpu:gloo,cuda:gpucoll"), or None
+        self._closed = False
+        self._background = True  # CPU all-reduces on the worker thread (False: on the caller's)
+        self._worker = Worker(f"gpucoll-torch-r{rank}")
+
+    # -- identity -------------------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # torch's name
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"<gpucoll.torch.ProcessGroupGpucoll rank={self.rank()} size={self.size()}>"
+
+    # -- communicators --------------------------------------------------------------------------------------------
+    def communicator(self, device="cpu"):
+        """The gpucoll Communicator this group uses for tensors on `device` (made on first use: collective)."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            key = f"cuda:{index}"
+        elif device.type == "cpu":
+            index, key = None, "cpu"
+        else:
+            raise Unsupported(f"gpucoll's torch backend runs on CPU and CUDA tensors; got a tensor on {device}")
+        comm = self._comms.get(key)
+        if comm is not None:
+            return comm
+        with self._lock:
+            comm = self._comms.get(key)
+            if comm is None:
+                if self._closed:
+                    raise InvalidUsage("this gpucoll process group was shut down (destroy_process_group)")
+                from gpucoll.communicator import init_from_store
+
+                store = dist.PrefixStore(f"gpucoll/{key}/", self._store)
+                comm = init_from_store(store, self.rank(), self.size(), backend="nccl" if index is not None else "host",
+                                       timeout=self._timeout, device=index)
+                self._comms[key] = comm
+                _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
+        return comm
+
+    def _begin(self, what: str, tensors) -> _Call:
+        """Checks that `tensors` share one CPU or CUDA device, runs queued p2p first, and gives the call context."""
+        device = None
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise InvalidArgument(f"{what}: expected tensors; got {type(t).__name__}")
+            if t.layout != torch.strided:
+                raise Unsupported(f"{what}: gpucoll takes dense tensors; got layout {t.layout}")
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                raise InvalidArgument(f"{what}: every tensor must be on one device; got {device} and {t.device}")
+        if device is None:
+            device = torch.device("cpu")
+        self._drain()
+        if self._p2p:
+            self._flush_p2p()
+        return _Call(self.communicator(device), device)
+
+    def _drain(self) -> None:
+        """Waits until the worker thread ran every queued CPU all-reduce (see gpucoll/torch/_worker.py)."""
+        self._worker.drain()
+
+    def _finish(self, call: _Call, outputs) -> Work:
+        for t, tmp in call.writebacks:
+            t.copy_(tmp)
+        if not call.cuda:
+            return Work(outputs)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(call.device))
+        return Work(outputs, gworks=call.gworks, event=event, device=call.device)
+
+    def _delegate(self, tensors) -> bool:
+        return self._cpu_backend is not None and all(t.device.type == "cpu" for t in tensors)
+
+    # -- dtype handling -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _bytes(t: torch.Tensor) -> torch.Tensor:
+        """A flat view of contiguous `t` in a dtype gpucoll moves: its own where gpucoll knows it, else bytes."""
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        flat = t.reshape(-1)
+        if flat.dtype in _REDUCIBLE:
+            return flat
+        return flat.view(torch.uint8)
+
+    def _reduce_args(self, what: str, op, t: torch.Tensor):
+        """(flat contiguous view of `t` to reduce, gpucoll op, premul factor or None) for torch's ReduceOp."""
+        name = _op_name(op)
+        if name in _BITWISE:
+            raise Unsupported(f"{what}: ReduceOp.{name} is not supported by gpucoll (it reduces with SUM, PRODUCT, "
+                              f"MIN, MAX, AVG and PREMUL_SUM)")
+        gop = _OPS.get(name)
+        if gop is None:
+            raise Unsupported(f"{what}: ReduceOp.{name} is not supported by gpucoll")
+        if t.is_complex():
+            if gop not in ("sum", "avg", "premul_sum"):
+                raise Unsupported(f"{what}: ReduceOp.{name} on complex tensors ({t.dtype}) is not defined; complex "
+                                  f"tensors reduce with SUM, AVG and PREMUL_SUM")
+            t = torch.view_as_real(t)
+        if t.dtype not in _REDUCIBLE and not (t.is_cuda and t.dtype in _FP8):
+            raise Unsupported(f"{what}: gpucoll cannot reduce {t.dtype} tensors (ReduceOp.{name}); it reduces "
+                              f"{', '.join(str(d).replace('torch.', '') for d in _REDUCIBLE)}"
+                              + (" and fp8 on CUDA" if _FP8 else "") + "; cast the tensor first")
+        factor = None
+        if gop == "premul_sum":
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise Unsupported(f"{what}: this torch version does not expose ReduceOp.PREMUL_SUM's factor")
+            if isinstance(factor, torch.Tensor):
+                factor = factor.item()
+            if not t.is_floating_point():
+                raise Unsupported(f"{what}: ReduceOp.PREMUL_SUM needs a floating-point tensor; got {t.dtype}")
+        return t.reshape(-1), gop, factor
+
+    @staticmethod
+    def _gop(call: _Call, gop: str, factor):
+        """The gpucoll op for a call: premul_sum is native on CUDA; on CPU the input is scaled first (see uses)."""
+        if gop != "premul_sum":
+            return gop
+        if call.cuda:
+            from gpucoll import premul_sum
+
+            return premul_sum(float(factor))
+        return "sum"
+
+    # -- all_reduce -----------------------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        if opts is None:
+            opts = c10d.AllreduceOptions()
+        if self._delegate(tensors):
+            return self._cpu_backend.allreduce(tensors, opts)
+        if len(tensors) == 1:
+            # asyncOp (torch >= 2.7) is False when the caller waits at once: then the worker thread gains nothing.
+            return self._allreduce_one("all_reduce", tensors[0], opts.reduceOp, getattr(opts, "asyncOp", True))
+        return self._allreduce_list(tensors, opts.reduceOp)
+
+    def _allreduce_one(self, what, tensor, op, background=False) -> Work:
+        if (background and self._background and tensor.device.type == "cpu" and tensor.is_contiguous()
+                and self._cpu_backend is None):
+            return self._allreduce_background(what, tensor, op)
+        call = self._begin(what, [tensor])
+        buf = call.out(tensor, keep=True)
+        flat, gop, factor = self._reduce_args(what, op, buf)
+        if gop == "premul_sum" and not call.cuda:
+            flat.mul_(factor)  # in place is fine: the sum overwrites it
+        call.track(call.comm.all_reduce(flat, op=self._gop(call, gop, factor), async_op=True))
+        return self._finish(call, [tensor])
+
+    def _allreduce_background(self, what, tensor, op) -> Work:
+        """A contiguous CPU all_reduce, run on the worker thread (argument errors are still raised here)."""
+        flat, gop, factor = self._reduce_args(what, op, tensor)
+        if self._p2p:
+            self._drain()
+            self._flush_p2p()
+        comm = self._comms.get("cpu")
+        if comm is None:
+            self._drain()
+            comm = self.communicator("cpu")
+
+        def job():
+            if gop == "premul_sum":
+                flat.mul_(factor)
+            comm.all_reduce(flat, op="sum" if gop == "premul_sum" else gop)
+
+        return self._worker.submit(job, [tensor])
+
+    def _allreduce_list(self, tensors, op) -> Work:
+        # torch's (gloo's) meaning of several tensors: every tensor of every rank is reduced into all of them.
+        what = "all_reduce (list of tensors)"
+        first = tensors[0]
+        for t in tensors[1:]:
+            if t.dtype != first.dtype or t.numel() != first.numel():
+                raise InvalidArgument(f"{what}: every tensor needs one dtype and size; got {first.dtype}"
+                                      f"[{first.numel()}] and {t.dtype}[{t.numel()}]")
+        call = self._begin(what, tensors)
+        flat, gop, factor = self._reduce_args(what, op, first)
+        stack = torch.stack([self._reduce_args(what, op, t)[0] for t in tensors])
+        if gop in ("sum", "avg", "premul_sum"):
+            local = stack.sum(0) if gop != "premul_sum" else stack.sum(0).mul_(factor)
+        elif gop == "prod":
+            local = stack.prod(0)
+        else:
+            local = stack.amin(0) if gop == "min" else stack.amax(0)
+        local = local.to(flat.dtype)
+        call.track(call.comm.all_reduce(local, op="sum" if gop in ("avg", "premul_sum") else gop, async_op=True))
+        if gop == "avg":
+            n = self.size() * len(tensors)
+            local = local.div(n) if local.is_floating_point() else torch.div(local, n, rounding_mode="trunc")
+        for t in tensors:
+            dst = call.out(t)
+            (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1).copy_(local)
+        return self._finish(call, list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """One all_reduce over the tensors packed together (torch checks they share a dtype)."""
+        if opts is None:
+            opts = c10d.AllreduceCoalescedOptions()
+        if self._delegate(tensors):
+            return self._cpu_backend.allreduce_coalesced(tensors, opts)
+        what = "all_reduce_coalesced"
+        if len(tensors) == 1:
+            return self._allreduce_one(what, tensors[0], opts.reduceOp)
+        call = self._begin(what, tensors)
+        views = [self._reduce_args(what, opts.reduceOp, t.contiguous()) for t in tensors]
+        dtypes = {v[0].dtype for v in views}
+        if len(dtypes) != 1:
+            raise InvalidArgument(f"{what}: every tensor needs one dtype; got {sorted(map(str, dtypes))}")
+        _, gop, factor = views[0]
+        packed = torch.cat([v[0] for v in views])
+        if gop == "premul_sum" and not call.cuda:
+            packed.mul_(factor)
+        call.track(call.comm.all_reduce(packed, op=self._gop(call, gop, factor), async_op=True))
+        offset = 0
+        for t in tensors:
+            dst = call.out(t)
+            view = (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1)
+            view.copy_(packed[offset:offset + view.numel()])
+            offset += view.numel()
+        return self._finish(call, list(tensors))
+
+    # -- broadcast / reduce ---------------------------------------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        if opts is None:
+            opts = c10d.BroadcastOptions()
+        if self._delegate(tensors):
+            return self._cpu_backend.broadcast(tensors, opts)
+        what = "broadcast"
+        root = self._root(what, opts.rootRank)
+        if len(tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
+        call = self._begin(what, tensors)
+        buf = call.out(tensors[0], keep=self.rank() == root)
+        call.track(call.comm.broadcast(self._bytes(buf), root=root, async_op=True))
+        return self._finish(call, list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        if opts is None:
+            opts = c10d.ReduceOptions()
+        if self._delegate(tensors):
+            return self._cpu_backend.reduce(tensors, opts)
+        what = "reduce"
+        root = self._root(what, opts.rootRank)
+        if len(tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
+        t = tensors[0]
+        call = self._begin(what, tensors)
+        flat, gop, factor = self._reduce_args(what, opts.reduceOp, t.contiguous())
+        if gop == "premul_sum" and not call.cuda:
+            flat = flat.mul(factor)
+        is_root = self.rank() == root
+        # gpucoll leaves non-root inputs as they were; on root the result lands in `flat`, copied back to `t` where
+        # `flat` is not `t` itself (a strided `t`, or PREMUL_SUM's scaled copy).
+        src = flat
+        call.track(call.comm.reduce(src, op=self._gop(call, gop, factor), root=root, async_op=True))
+        if is_root and src.data_ptr() != t.data_ptr():
+            dst = call.out(t)
+            (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1).copy_(src)
+        return self._finish(call, list(tensors))
+
+    # -- all_gather -----------------------------------------------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if opts is None:
+            opts = c10d.AllgatherOptions()
+        if self._delegate(input_tensors):
+            return self._cpu_backend.allgather(output_tensors, input_tensors, opts)
+        what = "all_gather"
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one input tensor and one output list per call")
+        x, outs = input_tensors[0], output_tensors[0]
+        self._check_list(what, "tensor_list", outs, x)
+        call = self._begin(what, [x, *outs])
+        flat = self._bytes(x.contiguous())
+        work = call.comm.all_gather(flat, async_op=True)
+        call.track(work)
+        gathered = work.result().view(self.size(), -1)
+        for r, o in enumerate(outs):
+            dst = call.out(o)
+            self._bytes(dst).copy_(gathered[r])
+        return self._finish(call, [list(outs)])
+
+    def all_gather_single(self, output_tensor, input_tensor, opts=None):
+        if opts is None:
+            opts = c10d.AllgatherOptions()
+        if self._delegate([output_tensor, input_tensor]):
+            return self._cpu_backend._allgather_base(output_tensor, input_tensor, opts)
+        what = "all_gather_into_tensor"
+        self._check_same_dtype(what, output_tensor, input_tensor)
+        if output_tensor.numel() != input_tensor.numel() * self.size():
+            raise InvalidArgument(f"{what}: output_tensor has {output_tensor.numel()} elements; it needs world_size "
+                                  f"({self.size()}) x input_tensor's {input_tensor.numel()}")
+        call = self._begin(what, [output_tensor, input_tensor])
+        dst = call.out(output_tensor)
+        src = input_tensor.contiguous()
+        call.track(call.comm.all_gather(self._bytes(src), out=self._bytes(dst), async_op=True))
+        return self._finish(call, [output_tensor])
+
+    _allgather_base = all_gather_single  # torch <= 2.12
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        if opts is None:
+            opts = c10d.AllgatherOptions()
+        if self._delegate(input_list):
+            return self._cpu_backend.allgather_coalesced(output_lists, input_list, opts)
+        if len(output_lists) != len(input_list):
+            raise InvalidArgument(f"all_gather_coalesced: {len(input_list)} inputs but {len(output_lists)} output "
+                                  f"lists")
+        works = [self.allgather([outs], [x], opts) for outs, x in zip(output_lists, input_list)]
+        return self._combine(works, [list(o) for o in output_lists])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        if opts is None:
+            opts = c10d.AllgatherOptions()
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._combine(works, list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch <= 2.12
+
+    # -- gather / scatter -----------------------------------------------------------------------------------------
+    def gather(self, output_tensors, input_tensors, opts=None):
+        if opts is None:
+            opts = c10d.GatherOptions()
+        if self._delegate(input_tensors):
+            return self._cpu_backend.gather(output_tensors, input_tensors, opts)
+        what = "gather"
+        root = self._root(what, opts.rootRank)
+        if len(input_tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one input tensor per call; got {len(input_tensors)}")
+        x = input_tensors[0]
+        is_root = self.rank() == root
+        outs = output_tensors[0] if output_tensors else []
+        if is_root:
+            self._check_list(what, "gather_list", outs, x)
+        elif outs:
+            raise InvalidArgument(f"{what}: gather_list must be empty on non-root ranks")
+        call = self._begin(what, [x, *outs])
+        work = call.comm.gather(self._bytes(x.contiguous()), root=root, async_op=True)
+        call.track(work)
+        if is_root:
+            got = work.result().view(self.size(), -1)
+            for r, o in enumerate(outs):
+                self._bytes(call.out(o)).copy_(got[r])
+        return self._finish(call, [list(outs)] if is_root else [])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is None:
+            opts = c10d.ScatterOptions()
+        if self._delegate(output_tensors):
+            return self._cpu_backend.scatter(output_tensors, input_tensors, opts)
+        what = "scatter"
+        root = self._root(what, opts.rootRank)
+        if len(output_tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one output tensor per call; got {len(output_tensors)}")
+        y = output_tensors[0]
+        is_root = self.rank() == root
+        ins = input_tensors[0] if input_tensors else []
+        if is_root:
+            self._check_list(what, "scatter_list", ins, y)
+        elif ins:
+            raise InvalidArgument(f"{what}: scatter_list must be empty on non-root ranks")
+        call = self._begin(what, [y, *ins])
+        dst = self._bytes(call.out(y))
+        if is_root:
+            src = torch.cat([self._bytes(t.contiguous()) for t in ins])
+        else:
+            src = torch.empty(dst.numel() * self.size(), dtype=dst.dtype, device=dst.device)  # shape only
+        call.track(call.comm.scatter(src, out=dst, root=root, async_op=True))
+        return self._finish(call, [y])
+
+    # -- reduce_scatter -------------------------------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is None:
+            opts = c10d.ReduceScatterOptions()
+        if self._delegate(output_tensors):
+            return self._cpu_backend.reduce_scatter(output_tensors, input_tensors, opts)
+        what = "reduce_scatter"
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one output tensor and one input list per call")
+        y, ins = output_tensors[0], input_tensors[0]
+        self._check_list(what, "input_list", ins, y)
+        call = self._begin(what, [y, *ins])
+        parts = [self._reduce_args(what, opts.reduceOp, t.contiguous()) for t in ins]
+        _, gop, factor = parts[0]
+        packed = torch.cat([p[0] for p in parts])
+        if gop == "premul_sum" and not call.cuda:
+            packed.mul_(factor)
+        dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(y))
+        call.track(call.comm.reduce_scatter(packed, out=dst, op=self._gop(call, gop, factor), async_op=True))
+        return self._finish(call, [y])
+
+    def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
+        if opts is None:
+            opts = c10d.ReduceScatterOptions()
+        if self._delegate([output_tensor, input_tensor]):
+            return self._cpu_backend._reduce_scatter_base(output_tensor, input_tensor, opts)
+        what = "reduce_scatter_tensor"
+        self._check_same_dtype(what, output_tensor, input_tensor)
+        if input_tensor.numel() != output_tensor.numel() * self.size():
+            raise InvalidArgument(f"{what}: input_tensor has {input_tensor.numel()} elements; it needs world_size "
+                                  f"({self.size()}) x output_tensor's {output_tensor.numel()}")
+        call = self._begin(what, [output_tensor, input_tensor])
+        src, gop, factor = self._reduce_args(what, opts.reduceOp, input_tensor.contiguous())
+        if gop == "premul_sum" and not call.cuda:
+            src = src.mul(factor)
+        dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(output_tensor))
+        call.track(call.comm.reduce_scatter(src, out=dst, op=self._gop(call, gop, factor), async_op=True))
+        return self._finish(call, [output_tensor])
+
+    _reduce_scatter_base = reduce_scatter_single  # torch <= 2.12
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        if opts is None:
+            opts = c10d.ReduceScatterOptions()
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._combine(works, list(outputs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch <= 2.12
+
+    # -- all_to_all -----------------------------------------------------------------------------------------------
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if opts is None:
+            opts = c10d.AllToAllOptions()
+        if self._delegate([output, input]):
+            return self._cpu_backend.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+        what = "all_to_all_single"
+        self._check_same_dtype(what, output, input)
+        in_rows, out_rows = self._splits(what, "input", input, input_split_sizes), \
+            self._splits(what, "output", output, output_split_sizes)
+        call = self._begin(what, [output, input])
+        dst = call.out(output)
+        if len(set(in_rows)) == 1 and len(set(out_rows)) == 1 and in_rows[0] == out_rows[0]:
+            call.track(call.comm.all_to_all(self._bytes(input.contiguous()), out=self._bytes(dst), async_op=True))
+            return self._finish(call, [output])
+        # Uneven splits: one group of sends and receives (NCCL's own way; the host backend's group does the same).
+        src = input.contiguous()
+        sends = self._rows(src, in_rows)
+        recvs = self._rows(dst, out_rows)
+        self._exchange(call, sends, recvs)
+        return self._finish(call, [output])
+
+    alltoall_base = all_to_all_single  # torch <= 2.12
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if opts is None:
+            opts = c10d.AllToAllOptions()
+        if self._delegate(input_tensors):
+            return self._cpu_backend.alltoall(output_tensors, input_tensors, opts)
+        what = "all_to_all"
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise InvalidArgument(f"{what}: needs world_size ({n}) input and output tensors; got "
+                                  f"{len(input_tensors)} and {len(output_tensors)}")
+        for o, i in zip(output_tensors, input_tensors):
+            self._check_same_dtype(what, o, i)
+        call = self._begin(what, [*output_tensors, *input_tensors])
+        sends = [self._bytes(t.contiguous()) for t in input_tensors]
+        recvs = [self._bytes(call.out(t)) for t in output_tensors]
+        self._exchange(call, sends, recvs)
+        return self._finish(call, list(output_tensors))
+
+    def _exchange(self, call: _Call, sends, recvs) -> None:
+        """recvs[j] <- rank j's sends[me], for every j, as one group."""
+        me = self.rank()
+        if recvs[me].numel() != sends[me].numel():
+            raise InvalidArgument(f"all_to_all: this rank sends itself {sends[me].numel()} bytes but expects "
+                                  f"{recvs[me].numel()}")
+        recvs[me].copy_(sends[me])
+        comm = call.comm
+        with comm.group():
+            for k in range(1, self.size()):
+                to, frm = (me + k) % self.size(), (me - k) % self.size()
+                call.track(comm.send(sends[to], to, async_op=True))
+                call.track(comm.recv(recvs[frm], frm, async_op=True))
+
+    def _splits(self, what, arg, t, sizes) -> list:
+        n = self.size()
+        rows = t.shape[0] if t.dim() > 0 else 1
+        if not sizes:
+            if rows % n:
+                raise InvalidArgument(f"{what}: {arg} has {rows} rows, which world_size ({n}) does not divide; pass "
+                                      f"{arg}_split_sizes")
+            return [rows // n] * n
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != rows:
+            raise InvalidArgument(f"{what}: {arg}_split_sizes must be world_size ({n}) non-negative row counts "
+                                  f"adding up to {arg}'s {rows} rows; got {sizes}")
+        return sizes
+
+    def _rows(self, t, rows) -> list:
+        flat = self._bytes(t)
+        per_row = flat.numel() // max(sum(rows), 1)
+        out, offset = [], 0
+        for r in rows:
+            out.append(flat[offset:offset + r * per_row])
+            offset += r * per_row
+        return out
+
+    # -- point to point -------------------------------------------------------------------------------------------
+    def send(self, tensors, dst_rank, tag=0):
+        if self._delegate(tensors):
+            return self._cpu_backend.send(tensors, dst_rank, tag)
+        return self._queue_p2p("send", True, tensors, dst_rank, tag)
+
+    def recv(self, tensors, src_rank, tag=0):
+        if self._delegate(tensors):
+            return self._cpu_backend.recv(tensors, src_rank, tag)
+        return self._queue_p2p("recv", False, tensors, src_rank, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise Unsupported("recv from any source (dist.recv/irecv without src) is not supported by gpucoll; name the "
+                          "source rank")
+
+    def _queue_p2p(self, what, send, tensors, peer, tag) -> Work:
+        if tag:
+            raise Unsupported(f"{what}: tags are not supported by gpucoll (got tag={tag}); messages between two "
+                              f"ranks match in the order they are posted")
+        if len(tensors) != 1:
+            raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
+        t = tensors[0]
+        peer = self._root(what, peer, "peer")
+        if peer == self.rank():
+            raise InvalidArgument(f"{what}: the peer must be another rank than this one ({peer})")
+        if not t.is_contiguous():
+            raise InvalidArgument(f"{what}: the tensor must be contiguous (call .contiguous())")
+        if t.device.type not in ("cpu", "cuda"):
+            raise Unsupported(f"{what}: gpucoll's torch backend runs on CPU and CUDA tensors; got {t.device}")
+        work = Work([t], pending=self, device=t.device if t.is_cuda else None)
+        self._p2p.append((send, peer, t, work))
+        return work
+
+    def _flush_p2p(self) -> None:
+        """Runs every queued send/recv, one gpucoll group per device, in the order they were posted."""
+        self._drain()
+        items, self._p2p = self._p2p, []
+        if not items:
+            return
+        by_device = {}
+        for item in items:
+            by_device.setdefault(item[2].device, []).append(item)
+        try:
+            for device, items in by_device.items():
+                comm = self.communicator(device)
+                gworks = []
+                with comm.group():
+                    for send, peer, t, _ in items:
+                        flat = self._bytes(t)
+                        w = comm.send(flat, peer, async_op=True) if send else comm.recv(flat, peer, async_op=True)
+                        if device.type == "cuda":
+                            gworks.append(w)
+                if device.type == "cuda":
+                    event = torch.cuda.Event()
+                    event.record(torch.cuda.current_stream(device))
+                    for *_, work in items:
+                        work._gworks, work._event = tuple(gworks), event
+        except BaseException as e:
+            for *_, work in items:
+                work._settled(e)
+            raise
+        for *_, work in items:
+            work._settled()
+
+    # -- barrier / coalescing / lifecycle -------------------------------------------------------------------------
+    def barrier(self, opts=None):
+        if self._cpu_backend is not None and not any(k.startswith("cuda") for k in self._comms):
+            return self._cpu_backend.barrier(opts if opts is not None else c10d.BarrierOptions())
+        self._drain()
+        if self._p2p:
+            self._flush_p2p()
+        cuda = [k for k in self._comms if k.startswith("cuda")]
+        if cuda:
+            self._comms[cuda[0]].barrier()
+        else:
+            self.communicator("cpu").barrier()
+        return Work([])
+
+    def _start_coalescing(self, device=None) -> None:
+        """Sends and receives issued until _end_coalescing are queued anyway; nothing else to do."""
+
+    def _end_coalescing(self, device=None):
+        works = [item[3] for item in self._p2p]
+        self._flush_p2p()
+        return self._combine(works, [])
+
+    def shutdown(self) -> None:
+        """Closes this group's communicators (called by destroy_process_group)."""
+        try:
+            self._worker.close()
+        except Exception as e:  # noqa: BLE001 - teardown never raises
+            _log.debug(f"stopping the gpucoll worker thread failed: {e}")
+        self._closed = True
+        comms, self._comms = dict(self._comms), {}
+        for comm in comms.values():
+            try:
+                comm.close()
+            except Exception as e:  # noqa: BLE001 - teardown never raises
+                _log.debug(f"closing a gpucoll communicator failed: {e}")
+        if self._cpu_backend is not None and hasattr(self._cpu_backend, "shutdown"):
+            try:
+                self._cpu_backend.shutdown()
+            except Exception as e:  # noqa: BLE001
+                _log.debug(f"shutting down the CPU backend failed: {e}")
+
+    def abort(self) -> None:
+        comms, self._comms = dict(self._comms), {}
+        self._closed = True
+        for comm in comms.values():
+            try:
+                comm.abort()
+            except Exception as e:  # noqa: BLE001
+                _log.debug(f"aborting a gpucoll communicator failed: {e}")
+
+    # -- helpers --------------------------------------------------------------------------------------------------
+    def _root(self, what: str, value, name: str = "root") -> int:
+        value = int(value)
+        if not 0 <= value < self.size():
+            raise InvalidArgument(f"{what}: {name} rank {value} is not in this group of {self.size()}")
+        return value
+
+    @staticmethod
+    def _check_same_dtype(what, a, b) -> None:
+        if a.dtype != b.dtype:
+            raise InvalidArgument(f"{what}: input and output need one dtype; got {b.dtype} and {a.dtype}")
+
+    def _check_list(self, what: str, arg: str, tensors, like) -> None:
+        if len(tensors) != self.size():
+            raise InvalidArgument(f"{what}: {arg} needs world_size ({self.size()}) tensors; got {len(tensors)}")
+        for t in tensors:
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                raise InvalidArgument(f"{what}: every tensor of {arg} needs the dtype and size of the tensor "
+                                      f"({like.dtype}, {like.numel()} elements); got {t.dtype} with {t.numel()}")
+
+    @staticmethod
+    def _combine(works, outputs) -> Work:
+        gworks, deps, event, device = [], [], None, None
+        for w in works:
+            if isinstance(w, Work):
+                gworks += w._gworks
+                event, device = w._event or event, w._device or device
+            else:
+                deps.append(w)
+        return Work(outputs, gworks=gworks, event=event, device=device, deps=deps)
+
+
+def _cpu_backend_from_caller(store, rank: int, size: int, timeout):
+    """For init_process_group("cpu:X,cuda:gpucoll"): the torch backend the user named for CPU tensors, or None.
+
+    torch's _new_process_group_helper calls the creator once per device and, given a Python ProcessGroup, uses it for
+    the whole group. Its locals say what the user asked for CPU tensors and hold the backend it already made for them
+    when "cpu" came first. Anything unexpected (another torch version) leaves CPU tensors to gpucoll's host backend,
+    which gives the same results on one machine."""
+    try:
+        frame = sys._getframe(2)
+        config = frame.f_locals.get("backend_config")
+        device = frame.f_locals.get("device")
+        if config is None or device is None:
+            return None
+        mapping = dict(config.get_device_backend_map())
+        cpu = str(mapping.get("cpu", "")).lower()
+        if not cpu or cpu == BACKEND_NAME or str(device) == "cpu":
+            return None
+        pg = frame.f_locals.get("pg")
+        if pg is not None:
+            try:
+                backend = pg._get_backend(torch.device("cpu"))
+                if backend is not None:
+                    return backend
+            except RuntimeError:
+                pass  # "cpu" comes after this device in the map: not made yet
+        if cpu == "gloo":
+            backend = dist.ProcessGroupGloo(dist.PrefixStore("gpucoll-cpu-gloo/", store), rank, size,
+                                            timeout if isinstance(timeout, datetime.timedelta)
+                                            else datetime.timedelta(seconds=_seconds(timeout)))
+            return backend
+        _log.info(f"gpucoll torch backend: CPU tensors were given to {cpu!r}, which gpucoll cannot reach from here; "
+                  f"they run on gpucoll's host backend")
+    except Exception as e:  # noqa: BLE001 - a convenience; never a reason to fail init_process_group
+        _log.debug(f"gpucoll torch backend: could not find the CPU backend torch made: {e}")
+    return None
+
+
+def create(store, rank: int, size: int, timeout=None) -> ProcessGroupGpucoll:
+    """The creator registered with torch.distributed.Backend.register_backend("gpucoll", ...)."""
+    return ProcessGroupGpucoll(store, rank, size, timeout, cpu_backend=_cpu_backend_from_caller(store, rank, size,
+                                                                                                  timeout))

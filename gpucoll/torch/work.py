@@ -1,0 +1,149 @@
+"""The Work objects the gpucoll process group returns to torch.distributed.
+
+torch needs a subclass of ``torch.distributed._Work`` (a bare ``_Work()`` makes ``dist.all_reduce`` hang) with
+``wait(timeout=...)``, ``is_completed()`` and ``get_future()`` returning a ``torch.futures.Future`` that holds the
+list of output tensors; DDP's reducer chains its bucket handling on that future from C++.
+
+Three kinds of completion meet here:
+
+* host (CPU tensors): gpucoll's host backend finishes an operation before the call returns, so the Work is
+  complete when it is made.
+* nccl (CUDA tensors): the operation was enqueued on the caller's current CUDA stream; ``wait()`` makes the current
+  stream wait for it (the host does not block), as torch's NCCL Work does, and raises the communicator's failure
+  (``CollectiveTimeout``, ``NcclError``) once gpucoll's watchdog recorded one.
+* background (CPU all-reduces): issued to the group's worker thread, which runs the group's CPU operations in
+  order, so that DDP's backward goes on while a bucket is reduced (as gloo's threads let it); the Work completes,
+  and its future is set, when the worker has run it.
+* deferred point-to-point: ``send``/``recv`` are queued on the group and run together, as one gpucoll group (so
+  matching pairs never deadlock, whatever their order), at the first ``wait()``/``is_completed()``/
+  ``get_future()`` of any of them or before the group's next collective.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Work"]
+
+
+class Work(dist._Work):
+    """One operation of a gpucoll process group, as torch sees it."""
+
+    def __init__(self, outputs, *, pending=None, gworks=(), event=None, device=None, deps=(), background=False):
+        super().__init__()
+        self._done = threading.Event() if background else None  # set by the group's worker thread
+        self._lock = threading.Lock() if background else None
+        self._outputs = list(outputs)
+        self._pending = pending  # the group whose p2p queue holds this operation, until it is flushed
+        self._gworks = tuple(gworks)  # gpucoll Works (nccl): their wait() raises the communicator's failure
+        self._event = event  # torch.cuda.Event recorded after everything this operation enqueued
+        self._device = device  # torch.device of a CUDA operation, else None
+        self._deps = tuple(deps)  # torch Works of a delegate backend (cpu:gloo) this one stands for
+        self._error = None
+        self._future = None
+
+    # Called by the group when it flushed (or failed to flush) the p2p queue holding this operation.
+    def _settled(self, error=None) -> None:
+        self._pending = None
+        self._error = error
+
+    # Called by the group's worker thread when it ran a background operation.
+    def _finished(self, error=None) -> None:
+        with self._lock:
+            self._error = error
+            self._done.set()
+            fut = self._future
+        if fut is not None:  # get_future() came first: complete it (its callbacks run here, as on gloo's threads)
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(self._outputs)
+
+    def _settle(self) -> None:
+        group = self._pending
+        if group is not None:
+            group._flush_p2p()
+        if self._done is not None:
+            self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout=None) -> bool:
+        """Blocks until a CPU operation is done; for CUDA, orders the current stream after the operation.
+        `timeout` is accepted for torch's signature; the group's own timeout (init_process_group's) applies."""
+        self._settle()
+        for w in self._deps:
+            w.wait()
+        for w in self._gworks:
+            w.wait()
+        if self._event is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation finished. A queued send/recv is run (with the rest of its queue) first."""
+        if self._done is not None and not self._done.is_set():
+            return False
+        self._settle()
+        if not all(w.is_completed() for w in self._deps):
+            return False
+        done = True
+        for w in self._gworks:
+            done = w.is_completed() and done  # each call also raises a recorded failure
+        if self._event is not None:
+            done = done and self._event.query()
+        return done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def synchronize(self) -> None:
+        """Blocks the host until the operation finished (CUDA included)."""
+        self.wait()
+        if self._event is not None:
+            self._event.synchronize()
+
+    def result(self):
+        return self._outputs
+
+    def get_future(self):
+        """A torch.futures.Future holding the list of output tensors. For CUDA tensors it is a CUDA-aware future:
+        its value is ready for work enqueued on the current stream after ``wait()`` on the future."""
+        if self._done is not None:
+            with self._lock:
+                if self._future is None:
+                    self._future = torch.futures.Future()
+                    if not self._done.is_set():
+                        return self._future  # the worker completes it
+                else:
+                    return self._future
+            if self._error is not None:
+                self._future.set_exception(self._error)
+            else:
+                self._future.set_result(self._outputs)
+            return self._future
+        if self._future is None:
+            if self._device is not None:
+                fut = torch.futures.Future(devices=[self._device])
+            else:
+                fut = torch.futures.Future()
+            try:
+                self.wait()
+            except BaseException as e:  # noqa: BLE001 - the future carries it to whoever waits on it
+                fut.set_exception(e)
+            else:
+                fut.set_result(self._outputs)
+            self._future = fut
+        return self._future
+
+    def __repr__(self) -> str:
+        state = "queued" if self._pending is not None or (self._done is not None and not self._done.is_set()) \
+            else ("failed" if self._error is not None else "issued")
+        where = str(self._device) if self._device is not None else "cpu"
+        return f"<gpucoll.torch.Work {where} {state}>"
