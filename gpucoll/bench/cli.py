@@ -36,7 +36,10 @@ collectives: {', '.join(colls.names())}
              (nccl-tests' spellings work too: allreduce, allgather, reducescatter, alltoall)
 algorithms:  --algo a,b runs one block of rows per algorithm; --algo all runs every algorithm that can serve
              the collective at this world size (the others are listed as skipped)
-exit status: 0 all results correct, 1 wrong results (#wrong > 0), 2 bad usage or setup, 3 the run failed
+exit status: 0 all results correct, 1 wrong results (#wrong > 0) or average busbw below --min-busbw,
+             2 bad usage or setup, 3 the run failed
+more:        gpucoll-bench report A.json B.json -o cmp.png   (compare saved --json runs in one plot)
+             gpucoll-bench --check [--nranks N] [--min-busbw X] [--json F] [--plot F.png]   (health check)
 """
 
 
@@ -137,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
                    f"auto (default), all, or {', '.join(_C.algorithm_names())}")
     p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write every row, the run parameters "
                    "and the environment as JSON")
+    p.add_argument("--csv", metavar="FILE", default=None, help="also write every row as CSV (the environment in "
+                   "'# ' comment lines before the header)")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="draw busbw and time vs size (needs matplotlib)")
+    p.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
+                   help="exit status 1 when the average busbw (GB/s) is below this")
+    p.add_argument("--compare", choices=("gloo", "torch", "nccl"), default=None,
+                   help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll")
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
                    help="seconds a collective may wait for peers before failing")
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element
@@ -177,10 +187,13 @@ def parse_args(argv: Optional[list[str]] = None) -> Params:
     coll = colls.get(args.collective)
     notes = []
     algos, algo_all = _parse_algos(parser, coll, args.algo, notes)
-    if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            parser.error(f"--json {args.json!r}: folder {folder!r} does not exist or is not writable")
+    for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                parser.error(f"{flag} {path!r}: folder {folder!r} does not exist or is not writable")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install 'gpucoll[bench]' (or matplotlib)")
     dtypes = args.datatype
     if "bfloat16" in dtypes and importlib.util.find_spec("torch") is None:
         if getattr(dtypes, "from_all", False):
@@ -199,7 +212,8 @@ def parse_args(argv: Optional[list[str]] = None) -> Params:
                   stepfactor=args.stepfactor, iters=args.iters, warmup_iters=args.warmup_iters, check=args.check,
                   dtypes=list(dtypes), ops=list(args.op or d.ops), root=d.root if args.root is None else args.root,
                   algos=algos, algo_all=algo_all, average=args.average,
-                  json=args.json, timeout=args.timeout, backend=args.backend, nranks=args.nranks,
+                  json=args.json, csv=args.csv, plot=args.plot, min_busbw=args.min_busbw, compare=args.compare,
+                  timeout=args.timeout, backend=args.backend, nranks=args.nranks,
                   inject_error=args.inject_error, argv=list(sys.argv[1:] if argv is None else argv), notes=notes)
 
 
@@ -279,12 +293,47 @@ def _fit_memory(p: Params, local_ranks: int) -> None:
         p.notes.append(f"Reducing maxBytes to {p.maxbytes} due to memory limitation")
 
 
-def exit_status(results) -> int:
-    """1 when any rank counted a wrong element, either in the cross-rank sum or in its own local count."""
+def exit_status(results, min_busbw: Optional[float] = None) -> int:
+    """1 when any rank counted a wrong element, either in the cross-rank sum or in its own local count, or when
+    rank 0's average busbw (the one printed) is below min_busbw (a message on stderr says so)."""
     for r in results:
         if r and (r.get("errors") or r.get("errors_local") or r.get("wrong_local")):
             return EXIT_WRONG
+    if min_busbw is not None and results and results[0] and results[0].get("avg_busbw", 0.0) < min_busbw:
+        print(f"gpucoll-bench: FAILED: average busbw {results[0]['avg_busbw']:g} GB/s is below --min-busbw "
+              f"{min_busbw:g}", file=sys.stderr)
+        return EXIT_WRONG
     return EXIT_OK
+
+
+def want_progress(p: Params, stream=None) -> bool:
+    """A tqdm bar on stderr only when stderr is a terminal, tqdm is installed and the sweep has more than a few
+    rows (PROGRESS_MIN_ROWS)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty or importlib.util.find_spec("tqdm") is None:
+        return False
+    coll = colls.get(p.coll)
+    rows = len(p.algos) * len(p.dtypes) * len(p.ops if coll.reduces else ["sum"]) * len(sizes(p))
+    return rows > PROGRESS_MIN_ROWS
+
+
+PROGRESS_MIN_ROWS = 4
+
+
+def _peer(p: Params, n: int) -> None:
+    """--compare: measure the peer now (same sizes and ranks) into p.peer_times; UsageError when it cannot run."""
+    if not p.compare:
+        return
+    from gpucoll.bench import peers
+
+    why = peers.unavailable(p.compare, p.coll, p.backend)
+    if why:
+        raise UsageError(why)
+    p.peer_times = peers.run_gloo(p, n)
 
 
 def _run(p: Params) -> int:
@@ -297,6 +346,8 @@ def _run(p: Params) -> int:
 
         info = detect_launch()
         check_world(p, info.world_size)
+        if p.compare:
+            raise UsageError("--compare spawns the peer's ranks itself: use --nranks N instead of a launcher")
         p.launch = which
         _fit_memory(p, info.local_world_size or 1)
         comm = gpucoll.init(backend=p.backend, timeout=p.timeout)
@@ -304,9 +355,11 @@ def _run(p: Params) -> int:
             result = harness.run_rank(comm, p)
         finally:
             comm.close()
-        return exit_status([result])
+        return exit_status([result], p.min_busbw)
     n = p.nranks or 1
     check_world(p, n)
+    _peer(p, n)
+    p.progress = want_progress(p)
     if which is not None:
         p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, spawning local ranks")
     _fit_memory(p, n)
@@ -316,14 +369,25 @@ def _run(p: Params) -> int:
         p.launch = "in-process"
         comm = gpucoll.init(0, 1, backend=p.backend, address="127.0.0.1", port=free_port(), timeout=p.timeout)
         try:
-            return exit_status([harness.run_rank(comm, p)])
+            return exit_status([harness.run_rank(comm, p)], p.min_busbw)
         finally:
             comm.close()
     p.launch = "spawn"
-    return exit_status(gpucoll.spawn(harness.run_rank, n, args=(p,), backend=p.backend, timeout=p.timeout))
+    return exit_status(gpucoll.spawn(harness.run_rank, n, args=(p,), backend=p.backend, timeout=p.timeout),
+                       p.min_busbw)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["report"]:
+        from gpucoll.bench.plot import report_main
+
+        return report_main(args[1:])
+    # `gpucoll-bench --check` (no collective; -c/--check N after a collective stays nccl-tests' check count).
+    if args[:1] == ["check"] or (args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
+        from gpucoll.bench.check import check_main
+
+        return check_main(args[1:])
     try:
         p = parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed

@@ -49,6 +49,13 @@ class Params:
     algo_all: bool = False  # --algo all: algorithms unusable at this world size are skipped, not refused
     average: int = 0
     json: Optional[str] = None
+    csv: Optional[str] = None  # --csv FILE: every row + the environment
+    plot: Optional[str] = None  # --plot FILE.png
+    min_busbw: Optional[float] = None  # --min-busbw: exit 1 when the average busbw is below
+    compare: Optional[str] = None  # --compare gloo: the peer's name; peer_times holds its measurements
+    peer_times: dict = field(default_factory=dict)  # (type, redop, size) -> seconds
+    progress: bool = False  # tqdm bar on stderr (decided by the cli: stderr a TTY and enough rows)
+    quiet: bool = False  # no table (--check prints its own summary)
     timeout: float = 300.0
     backend: str = "host"
     nranks: Optional[int] = None
@@ -91,7 +98,8 @@ class _Rank:
         self.comm, self.p = comm, p
         self.rank, self.n = comm.rank, comm.world_size
         self.coll = colls.get(p.coll)
-        self.out = report.Printer(self.rank == 0)
+        self.out = report.Printer(self.rank == 0 and not p.quiet)
+        self.bar = None  # tqdm progress bar, rank 0 only
         self.rows: list[dict] = []
         self.errors_local = 0  # checks (size x placement) where this rank saw a wrong element
         self.wrong_local = 0  # wrong elements this rank saw, all checks together
@@ -208,6 +216,19 @@ class _Rank:
         return sec * 1e6, algbw, busbw, wrong
 
     # -- a block of sizes (nccl-tests' TimeTest) -------------------------------------------------------------
+    def _peer(self, dt, op_name: str, nbytes: int, counts, out_of_place) -> Optional[dict]:
+        """The --compare peer's numbers for this row and the ratio peer time / gpucoll (out-of-place) time."""
+        p = self.p
+        if not p.compare:
+            return None
+        sec = p.peer_times.get((dt.name, op_name, nbytes))
+        if sec is None:
+            return {"name": p.compare, "time": None, "alg_bw": None, "bus_bw": None, "ratio": None}
+        algbw, busbw = self.coll.get_bw(counts.param, dt.itemsize, sec, self.n) if sec > 0 else (0.0, 0.0)
+        ours = out_of_place[0] if out_of_place else None
+        ratio = (sec * 1e6) / ours if ours else None
+        return {"name": p.compare, "time": sec * 1e6, "alg_bw": algbw, "bus_bw": busbw, "ratio": ratio}
+
     def time_test(self, dt, op: str, algo: str) -> None:
         coll, p = self.coll, self.p
         op_name = op if coll.reduces else "none"
@@ -217,12 +238,20 @@ class _Rank:
             nbytes = max(counts.send, counts.recv) * dt.itemsize
             self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
             row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters, coll.name)
+            oop = None
             for in_place in (False, True):
                 res = self.bench(dt, op, algo, counts, in_place)
+                oop = res if not in_place else oop
                 self.out.write(report.row_body(*res) if res else report.row_body_not_run())
                 row["in_place" if in_place else "out_of_place"] = report.json_result(*(res or (None,) * 4))
+            peer = self._peer(dt, op_name, nbytes, counts, oop)
+            if peer is not None:
+                row["peer"] = peer
+                self.out.write(report.row_peer(peer["time"], peer["ratio"]))
             self.out.write("\n")
             self.rows.append(row)
+            if self.bar is not None:
+                self.bar.update(1)
 
     # -- the whole run ---------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -231,9 +260,14 @@ class _Rank:
         self.out.lines(report.preamble_lines(p.program, _version(), p, self.n, self.comm.backend, p.algos, ranks))
         self.out.lines([f"# {note}\n" for note in p.notes])
         started = time.time()
+        if p.progress and self.rank == 0:
+            from tqdm import tqdm
+
+            total = len(p.algos) * len(p.dtypes) * len(p.ops if self.coll.reduces else ["sum"]) * len(sizes(p))
+            self.bar = tqdm(total=total, file=sys.stderr, unit="row", leave=False, desc=self.coll.name)
         for algo in p.algos:
             self.out.write(f"#\n# Algorithm: {algo}\n")
-            self.out.lines(report.header_lines())
+            self.out.lines(report.header_lines_peer(p.compare) if p.compare else report.header_lines())
             for name in p.dtypes:
                 for op in (p.ops if self.coll.reduces else ["sum"]):
                     self.time_test(DTYPES[name], op, algo)
@@ -243,12 +277,23 @@ class _Rank:
         total = [sum(v[0] for v in self.bw_sum.values()), sum(v[1] for v in self.bw_sum.values())]
         avg_bw = total[0] / total[1] if total[1] else 0.0
         per_algo = {a: (v[0] / v[1] if v[1] else 0.0) for a, v in self.bw_sum.items()}
-        self.out.lines(report.footer_lines(errors, avg_bw, p.program, per_algo))
-        if self.rank == 0 and p.json:
-            report.write_json(p.json, self._json_doc(ranks, errors, avg_bw, per_algo, started))
+        if self.bar is not None:
+            self.bar.close()
+        self.out.lines(report.footer_lines(errors, avg_bw, p.program, per_algo, p.min_busbw))
+        doc = None
+        if self.rank == 0:
+            doc = self._json_doc(ranks, errors, avg_bw, per_algo, started)
+            if p.json:
+                report.write_json(p.json, doc)
+            if p.csv:
+                report.write_csv(p.csv, doc)
+            if p.plot:
+                from gpucoll.bench.plot import plot_docs
+
+                plot_docs([("", doc)], p.plot)
         return {"rank": self.rank, "errors": errors, "errors_local": self.errors_local,
                 "wrong_local": self.wrong_local, "avg_busbw": avg_bw,
-                "rows": self.rows if self.rank == 0 else None}
+                "rows": self.rows if self.rank == 0 else None, "doc": doc}
 
     def _json_doc(self, ranks, errors: int, avg_bw: float, per_algo: dict, started: float) -> dict:
         from gpucoll import _C
@@ -265,11 +310,22 @@ class _Rank:
                "numpy": np.__version__, "platform": platform.platform(), "cpu": _cpu_model(),
                "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()), "build": dict(_C.build_info()),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-               "elapsed_s": round(time.time() - started, 3)}
+               "elapsed_s": round(time.time() - started, 3), "compare": p.compare, "info": _info()}
         return {"version": _version(), "program": p.program, "config": config, "environment": env,
                 "devices": ranks, "results": self.rows,
                 "out_of_bounds": {"count": errors, "okay": errors == 0},
-                "average_bus_bandwidth": {"bandwidth": avg_bw, "okay": "unchecked", "per_algo": per_algo}}
+                "average_bus_bandwidth": {"bandwidth": avg_bw, "per_algo": per_algo, "min": p.min_busbw,
+                                          "okay": "unchecked" if p.min_busbw is None else avg_bw >= p.min_busbw}}
+
+
+def _info() -> dict:
+    """`gpucoll info --json`'s object (gpucoll.info.collect); an error string instead of failing the run."""
+    try:
+        from gpucoll import info
+
+        return info.collect()
+    except Exception as e:  # noqa: BLE001 - the environment is informative, never fatal
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _version() -> str:

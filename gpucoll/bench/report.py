@@ -62,7 +62,8 @@ def row_body_not_run() -> str:
     return _ROW_BODY_NOCHECK % ("N/A", "N/A", "N/A")
 
 
-def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: Optional[dict[str, float]] = None) -> list[str]:
+def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: Optional[dict[str, float]] = None,
+                 min_busbw: Optional[float] = None) -> list[str]:
     lines = []
     if per_algo and len(per_algo) > 1:
         # Extra lines (ours) before nccl-tests' two, so parsers that look for "Avg bus bandwidth" still find one.
@@ -71,7 +72,9 @@ def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: Optional
     lines += [
         "# %-20s : %d %s\n" % ("Out of bounds values", errors, "FAILED" if errors else "OK"),
         # nccl-tests prints "%g %s" with an empty verdict when NCCL_TESTS_MIN_BW is unset: a trailing space.
-        "# %-20s : %g %s\n" % ("Avg bus bandwidth", avg_busbw, ""),
+        # With a minimum (--min-busbw, nccl-tests' NCCL_TESTS_MIN_BW) the verdict is OK or FAILED as in nccl-tests.
+        "# %-20s : %g %s\n" % ("Avg bus bandwidth", avg_busbw,
+                               "" if min_busbw is None else ("FAILED" if avg_busbw < min_busbw else "OK")),
         "#\n",
         f"# Collective test concluded: {program}\n",
     ]
@@ -129,3 +132,61 @@ def write_json(path: str, doc: dict) -> None:
         json.dump(doc, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
+
+
+# -- extras (ours, after nccl-tests' columns so its column set is unchanged) ----------------------------------
+_PEER_HDR = "  %9s  %6s"
+
+
+def header_lines_peer(peer: str) -> list[str]:
+    """header_lines() with the peer's time and the ratio (peer time / gpucoll out-of-place time) appended after
+    nccl-tests' last column."""
+    base = header_lines()
+    return [base[0], base[1].rstrip("\n") + "\n",
+            base[2].rstrip("\n") + (_PEER_HDR % (f"{peer}", "ratio")) + "\n",
+            base[3].rstrip("\n") + (_PEER_HDR % ("(us)", "")) + "\n"]
+
+
+def row_peer(peer_time_us: Optional[float], ratio: Optional[float]) -> str:
+    return _PEER_HDR % ("N/A" if peer_time_us is None else float_str(peer_time_us, 9),
+                        "N/A" if ratio is None else float_str(ratio, 6))
+
+
+def flat_row(row: dict) -> dict:
+    """A JSON row flattened for CSV: nested placement/peer objects become dotted columns."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out[f"{key}.{k}"] = v
+        else:
+            out[key] = value
+    return out
+
+
+def write_csv(path: str, doc: dict) -> None:
+    """Every row of `doc` as CSV. The run's environment (doc["environment"], gpucoll info included) is in "# "
+    comment lines before the header line (pandas: read_csv(path, comment="#"))."""
+    import csv
+
+    rows = [flat_row(r) for r in doc.get("results", [])]
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        f.write(f"# program: {doc.get('program', '')}\n")
+        for key, value in doc.get("environment", {}).items():
+            f.write(f"# environment.{key}: {json.dumps(value, sort_keys=True)}\n")
+        w = csv.DictWriter(f, fieldnames=columns, restval="")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    os.replace(tmp, path)
+
+
+def read_csv_rows(path: str) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
