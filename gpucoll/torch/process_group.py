@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.torch._p2p import PointToPointMixin
 from gpucoll.torch._worker import Worker
 from gpucoll.torch.work import Work
 
@@ -92,7 +93,7 @@ class _Call:
         return tmp
 
 
-class ProcessGroupGpucoll(dist.ProcessGroup):
+class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on gpucoll (see the module docstring)."""
 
     def __init__(self, store, rank: int, size: int, timeout=None, *, cpu_backend=None):
@@ -526,150 +527,6 @@ class ProcessGroupGpucoll(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch <= 2.12
 
-    # -- all_to_all -----------------------------------------------------------------------------------------------
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        if opts is None:
-            opts = c10d.AllToAllOptions()
-        if self._delegate([output, input]):
-            return self._cpu_backend.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
-        what = "all_to_all_single"
-        self._check_same_dtype(what, output, input)
-        in_rows, out_rows = self._splits(what, "input", input, input_split_sizes), \
-            self._splits(what, "output", output, output_split_sizes)
-        call = self._begin(what, [output, input])
-        dst = call.out(output)
-        if len(set(in_rows)) == 1 and len(set(out_rows)) == 1 and in_rows[0] == out_rows[0]:
-            call.track(call.comm.all_to_all(self._bytes(input.contiguous()), out=self._bytes(dst), async_op=True))
-            return self._finish(call, [output])
-        # Uneven splits: one group of sends and receives (NCCL's own way; the host backend's group does the same).
-        src = input.contiguous()
-        sends = self._rows(src, in_rows)
-        recvs = self._rows(dst, out_rows)
-        self._exchange(call, sends, recvs)
-        return self._finish(call, [output])
-
-    alltoall_base = all_to_all_single  # torch <= 2.12
-
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        if opts is None:
-            opts = c10d.AllToAllOptions()
-        if self._delegate(input_tensors):
-            return self._cpu_backend.alltoall(output_tensors, input_tensors, opts)
-        what = "all_to_all"
-        n = self.size()
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise InvalidArgument(f"{what}: needs world_size ({n}) input and output tensors; got "
-                                  f"{len(input_tensors)} and {len(output_tensors)}")
-        for o, i in zip(output_tensors, input_tensors):
-            self._check_same_dtype(what, o, i)
-        call = self._begin(what, [*output_tensors, *input_tensors])
-        sends = [self._bytes(t.contiguous()) for t in input_tensors]
-        recvs = [self._bytes(call.out(t)) for t in output_tensors]
-        self._exchange(call, sends, recvs)
-        return self._finish(call, list(output_tensors))
-
-    def _exchange(self, call: _Call, sends, recvs) -> None:
-        """recvs[j] <- rank j's sends[me], for every j, as one group."""
-        me = self.rank()
-        if recvs[me].numel() != sends[me].numel():
-            raise InvalidArgument(f"all_to_all: this rank sends itself {sends[me].numel()} bytes but expects "
-                                  f"{recvs[me].numel()}")
-        recvs[me].copy_(sends[me])
-        comm = call.comm
-        with comm.group():
-            for k in range(1, self.size()):
-                to, frm = (me + k) % self.size(), (me - k) % self.size()
-                call.track(comm.send(sends[to], to, async_op=True))
-                call.track(comm.recv(recvs[frm], frm, async_op=True))
-
-    def _splits(self, what, arg, t, sizes) -> list:
-        n = self.size()
-        rows = t.shape[0] if t.dim() > 0 else 1
-        if not sizes:
-            if rows % n:
-                raise InvalidArgument(f"{what}: {arg} has {rows} rows, which world_size ({n}) does not divide; pass "
-                                      f"{arg}_split_sizes")
-            return [rows // n] * n
-        sizes = [int(s) for s in sizes]
-        if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != rows:
-            raise InvalidArgument(f"{what}: {arg}_split_sizes must be world_size ({n}) non-negative row counts "
-                                  f"adding up to {arg}'s {rows} rows; got {sizes}")
-        return sizes
-
-    def _rows(self, t, rows) -> list:
-        flat = self._bytes(t)
-        per_row = flat.numel() // max(sum(rows), 1)
-        out, offset = [], 0
-        for r in rows:
-            out.append(flat[offset:offset + r * per_row])
-            offset += r * per_row
-        return out
-
-    # -- point to point -------------------------------------------------------------------------------------------
-    def send(self, tensors, dst_rank, tag=0):
-        if self._delegate(tensors):
-            return self._cpu_backend.send(tensors, dst_rank, tag)
-        return self._queue_p2p("send", True, tensors, dst_rank, tag)
-
-    def recv(self, tensors, src_rank, tag=0):
-        if self._delegate(tensors):
-            return self._cpu_backend.recv(tensors, src_rank, tag)
-        return self._queue_p2p("recv", False, tensors, src_rank, tag)
-
-    def recv_anysource(self, tensors, tag=0):
-        raise Unsupported("recv from any source (dist.recv/irecv without src) is not supported by gpucoll; name the "
-                          "source rank")
-
-    def _queue_p2p(self, what, send, tensors, peer, tag) -> Work:
-        if tag:
-            raise Unsupported(f"{what}: tags are not supported by gpucoll (got tag={tag}); messages between two "
-                              f"ranks match in the order they are posted")
-        if len(tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
-        t = tensors[0]
-        peer = self._root(what, peer, "peer")
-        if peer == self.rank():
-            raise InvalidArgument(f"{what}: the peer must be another rank than this one ({peer})")
-        if not t.is_contiguous():
-            raise InvalidArgument(f"{what}: the tensor must be contiguous (call .contiguous())")
-        if t.device.type not in ("cpu", "cuda"):
-            raise Unsupported(f"{what}: gpucoll's torch backend runs on CPU and CUDA tensors; got {t.device}")
-        work = Work([t], pending=self, device=t.device if t.is_cuda else None)
-        self._p2p.append((send, peer, t, work))
-        return work
-
-    def _flush_p2p(self) -> None:
-        """Runs every queued send/recv, one gpucoll group per device, in the order they were posted."""
-        self._drain()
-        items, self._p2p = self._p2p, []
-        if not items:
-            return
-        by_device = {}
-        for item in items:
-            by_device.setdefault(item[2].device, []).append(item)
-        try:
-            for device, items in by_device.items():
-                comm = self.communicator(device)
-                gworks = []
-                with comm.group():
-                    for send, peer, t, _ in items:
-                        flat = self._bytes(t)
-                        w = comm.send(flat, peer, async_op=True) if send else comm.recv(flat, peer, async_op=True)
-                        if device.type == "cuda":
-                            gworks.append(w)
-                if device.type == "cuda":
-                    event = torch.cuda.Event()
-                    event.record(torch.cuda.current_stream(device))
-                    for *_, work in items:
-                        work._gworks, work._event = tuple(gworks), event
-        except BaseException as e:
-            for *_, work in items:
-                work._settled(e)
-            raise
-        for *_, work in items:
-            work._settled()
-
-    # -- barrier / coalescing / lifecycle -------------------------------------------------------------------------
     def barrier(self, opts=None):
         if self._cpu_backend is not None and not any(k.startswith("cuda") for k in self._comms):
             return self._cpu_backend.barrier(opts if opts is not None else c10d.BarrierOptions())
