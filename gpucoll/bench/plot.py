@@ -1,7 +1,7 @@
 """--plot and `gpucoll-bench report`: busbw and time vs size (log axes), one line per block of rows.
 
 A block is a run's rows for one (collective, backend, algorithm, datatype, op); the peer of --compare is drawn
-dashed with the block's colour. matplotlib is imported here only (Agg backend), i.e. only when a plot is asked
+dashed in black, once per run. matplotlib is imported here only (Agg backend), i.e. only when a plot is asked
 for. The plotting functions return the Figure so callers (and tests) can inspect it.
 """
 
@@ -56,16 +56,21 @@ def plot_docs(docs: list[tuple[str, dict]], path: Optional[str] = None, title: O
     fig = Figure(figsize=(12, 5), layout="constrained")
     ax_bw, ax_t = fig.subplots(1, 2)
     n = 0
+    drawn_peers = set()
     for label, doc in docs:
         for name, b in _blocks(doc, label).items():
             color = f"C{n % 10}"
             n += 1
             ax_bw.plot(b["sizes"], [max(v, 1e-9) for v in b["busbw"]], "o-", color=color, label=name)
             ax_t.plot(b["sizes"], b["time"], "o-", color=color, label=name)
-            if b["peer_sizes"]:
-                peer = f"{name} vs {b['peer']}"
-                ax_bw.plot(b["peer_sizes"], [max(v, 1e-9) for v in b["peer_busbw"]], "s--", color=color, label=peer)
-                ax_t.plot(b["peer_sizes"], b["peer_time"], "s--", color=color, label=peer)
+            # One run measures its peer once for all its blocks (--algo a,b,c): draw each peer series once, in
+            # black, instead of one identical dashed line per block.
+            key = (label, b["peer"], tuple(b["peer_sizes"]), tuple(b["peer_time"]))
+            if b["peer_sizes"] and key not in drawn_peers:
+                drawn_peers.add(key)
+                peer = f"{b['peer']}" + (f" ({label})" if label else "")
+                ax_bw.plot(b["peer_sizes"], [max(v, 1e-9) for v in b["peer_busbw"]], "s--", color="k", label=peer)
+                ax_t.plot(b["peer_sizes"], b["peer_time"], "s--", color="k", label=peer)
     for ax, what in ((ax_bw, "busbw (GB/s)"), (ax_t, "time (us)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
