@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -91,12 +90,6 @@ def memcpy_seconds(nbytes: int, repeats: int = 5) -> float:
 
 
 # -- gloo -----------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gloo_rank(rank, nranks, port, plan, results):
     import torch
     import torch.distributed as dist
@@ -123,28 +116,9 @@ def _gloo_rank(rank, nranks, port, plan, results):
 
 
 def run_gloo(nranks, plan, timeout):
-    import torch.multiprocessing as tmp
+    from gpucoll.bench.peers import run_local_ranks
 
-    ctx = tmp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_gloo_rank, args=(r, nranks, port, plan, results), daemon=True)
-             for r in range(nranks)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        deadline = time.monotonic() + timeout
-        while len(got) < nranks:
-            rank, times, err = results.get(timeout=max(1.0, deadline - time.monotonic()))
-            if err:
-                raise RuntimeError(f"gloo rank {rank}: {err}")
-            got[rank] = times
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
+    got = run_local_ranks(_gloo_rank, nranks, (plan,), timeout, "gloo")
     return [max(got[r][i] for r in got) for i in range(len(plan))]
 
 

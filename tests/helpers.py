@@ -238,3 +238,16 @@ def merge_rank_failures(per_rank: Sequence[dict[str, list[str]]], key: str) -> l
     for r, report in enumerate(per_rank):
         out += [f"rank {r}: {f}" for f in report.get(key, [])]
     return out
+
+
+def still_works(comm) -> str:
+    """"" if a correct int64 all_reduce on `comm` gives the right answer, else what went wrong: checks that a
+    communicator is usable (ranks in step) after a series of rejected calls."""
+    W, r = comm.world_size, comm.rank
+    x = np.arange(5, dtype=np.int64) + r
+    try:
+        comm.all_reduce(x)
+    except Exception as exc:  # noqa: BLE001
+        return f"a correct all_reduce raised {type(exc).__name__}: {exc}"
+    want = np.arange(5, dtype=np.int64) * W + W * (W - 1) // 2
+    return "" if np.array_equal(x, want) else f"a correct all_reduce gave {x.tolist()}, expected {want.tolist()}"

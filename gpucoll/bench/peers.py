@@ -8,7 +8,6 @@ Times are the slowest rank's loop time / iters (as bench/compare_peers.py).
 
 from __future__ import annotations
 
-import socket
 import time
 
 PEERS = ("gloo", "torch", "nccl")
@@ -85,32 +84,38 @@ def _gloo_rank(rank, nranks, port, coll, root, rows, warmup, iters, results):
         results.put((rank, None, f"{type(e).__name__}: {e}"))
 
 
-def run_gloo(p, nranks: int) -> dict:
-    """{(type, redop, nbytes): seconds} measured with torch.distributed gloo on `nranks` spawned processes."""
+def run_local_ranks(target, nranks: int, args: tuple, timeout: float, what: str) -> dict:
+    """Start `nranks` spawned processes running target(rank, nranks, port, *args, results) on a free loopback
+    port; each puts (rank, value, error) on `results`. Returns {rank: value}; the first error is raised."""
     import torch.multiprocessing as tmp
+
+    from gpucoll._spawn import free_port
 
     ctx = tmp.get_context("spawn")
     results = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rows = plan(p, nranks)
-    procs = [ctx.Process(target=_gloo_rank, args=(r, nranks, port, p.coll, p.root, rows, p.warmup_iters, p.iters,
-                                                  results), daemon=True) for r in range(nranks)]
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, nranks, port, *args, results), daemon=True) for r in range(nranks)]
     for proc in procs:
         proc.start()
     got = {}
     try:
-        deadline = time.monotonic() + p.timeout
+        deadline = time.monotonic() + timeout
         while len(got) < nranks:
-            rank, times, err = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            rank, value, err = results.get(timeout=max(1.0, deadline - time.monotonic()))
             if err:
-                raise RuntimeError(f"--compare gloo: rank {rank}: {err}")
-            got[rank] = times
+                raise RuntimeError(f"{what}: rank {rank}: {err}")
+            got[rank] = value
     finally:
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
+    return got
+
+
+def run_gloo(p, nranks: int) -> dict:
+    """{(type, redop, nbytes): seconds} measured with torch.distributed gloo on `nranks` spawned processes."""
+    got = run_local_ranks(_gloo_rank, nranks, (p.coll, p.root, plan(p, nranks), p.warmup_iters, p.iters),
+                          p.timeout, "--compare gloo")
     keys = set.intersection(*(set(t) for t in got.values()))
     return {k: max(got[r][k] for r in got) for k in keys}

@@ -405,22 +405,11 @@ def _expect(report, label, thunk, exc_type, fragments, check_comm):
             if missing:
                 report["failures"].append(("bad", f"{label}: message {msg!r} lacks {missing}"))
     report["checked"]["bad"] = report["checked"].get("bad", 0) + 1
-    err = _still_works(check_comm)
+    err = helpers.still_works(check_comm)
     if err:
         report["failures"].append(("bad", f"after {label}: {err}"))
         return False
     return True
-
-
-def _still_works(comm) -> str:
-    W, r = comm.world_size, comm.rank
-    x = np.arange(5, dtype=np.int64) + r
-    try:
-        comm.all_reduce(x)
-    except Exception as exc:  # noqa: BLE001
-        return f"a correct all_reduce raised {type(exc).__name__}: {exc}"
-    want = np.arange(5, dtype=np.int64) * W + W * (W - 1) // 2
-    return "" if np.array_equal(x, want) else f"a correct all_reduce gave {x.tolist()}, expected {want.tolist()}"
 
 
 def bad_cases(comm) -> list:
@@ -759,7 +748,7 @@ def _root_only_out_worker(comm, coll):
         res["error"] = None
     except Exception as exc:  # noqa: BLE001
         res["error"] = type(exc).__name__
-    res["after"] = _still_works(comm)
+    res["after"] = helpers.still_works(comm)
     return res
 
 
@@ -811,10 +800,10 @@ def _debug_worker(comm):
                 out["mismatch"][label] = ("no error", "", time.monotonic() - t0)
             except Exception as exc:  # noqa: BLE001
                 out["mismatch"][label] = (type(exc).__name__, str(exc), time.monotonic() - t0)
-            out["after"][label] = _still_works(sub)
+            out["after"][label] = helpers.still_works(sub)
         finally:
             sub.close()
-    out["main_after"] = _still_works(comm)
+    out["main_after"] = helpers.still_works(comm)
     return out
 
 

@@ -265,17 +265,6 @@ def group_with_collective(comm, rep) -> None:
     rep.check("group", "nested groups", got, _payload(prv, r, 10, BIG))
 
 
-def _still_works(comm) -> str:
-    W, r = comm.world_size, comm.rank
-    x = np.arange(5, dtype=np.int64) + r
-    try:
-        comm.all_reduce(x)
-    except Exception as exc:  # noqa: BLE001
-        return f"a correct all_reduce raised {type(exc).__name__}: {exc}"
-    want = np.arange(5, dtype=np.int64) * W + W * (W - 1) // 2
-    return "" if np.array_equal(x, want) else f"a correct all_reduce gave {x.tolist()}, expected {want.tolist()}"
-
-
 def bad_peer_cases(comm) -> list:
     W, r = comm.world_size, comm.rank
     nxt = (r + 1) % W
@@ -320,7 +309,7 @@ def bad_peers(comm, rep) -> None:
             if isinstance(exc, _FATAL):
                 raise
         rep.checked["bad"] = rep.checked.get("bad", 0) + 1
-        err = _still_works(comm)
+        err = helpers.still_works(comm)
         if err:
             rep.fail("bad", f"after {label}", err)
             return
