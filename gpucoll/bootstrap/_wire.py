@@ -1,0 +1,121 @@
+"""The rendezvous store's wire format (see store.py): frames, request/reply fields, opcodes and statuses.
+
+Every frame, either way, is ``MAGIC (4 bytes) | payload length (u32, big-endian) | payload``; strings and byte
+strings are ``u32 length | bytes``. Anything else is a ``_ProtocolError``, which the server answers by dropping the
+connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import List
+
+from gpucoll.errors import InvalidArgument
+
+MAGIC = b"GCS1"
+MAX_FRAME = 64 << 20  # rendezvous values are small (an NCCL unique id is 128 bytes); 64 MiB is generous
+_HEADER = struct.Struct("!4sI")
+_FRAME_TIMEOUT = 30.0  # once a frame has started, the rest must arrive within this (a stalled peer is dropped)
+_REPLY_GRACE = 10.0  # client waits this long beyond a blocking op's own timeout before blaming the network
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_WAIT = range(1, 7)
+_ST_OK, _ST_TIMEOUT, _ST_ERROR = 0, 1, 2
+
+class _ProtocolError(Exception):
+    """The peer sent something that is not a valid frame or command."""
+
+
+class _Writer:
+    def __init__(self):
+        self._parts: List[bytes] = []
+
+    def _pack(self, fmt: str, v) -> "_Writer":
+        self._parts.append(struct.pack(fmt, v))
+        return self
+
+    def u8(self, v: int) -> "_Writer":
+        return self._pack("!B", v)
+
+    def u32(self, v: int) -> "_Writer":
+        return self._pack("!I", v)
+
+    def i64(self, v: int) -> "_Writer":
+        return self._pack("!q", v)
+
+    def f64(self, v: float) -> "_Writer":
+        return self._pack("!d", v)
+
+    def blob(self, b: bytes) -> "_Writer":
+        self._parts += [struct.pack("!I", len(b)), bytes(b)]
+        return self
+
+    def str(self, s: str) -> "_Writer":
+        return self.blob(s.encode("utf-8"))
+
+    def strs(self, items: List[str]) -> "_Writer":
+        self.u32(len(items))
+        for s in items:
+            self.str(s)
+        return self
+
+    def frame(self) -> bytes:
+        payload = b"".join(self._parts)
+        if len(payload) > MAX_FRAME:
+            raise InvalidArgument(f"request of {len(payload)} bytes exceeds the store's frame limit of "
+                                  f"{MAX_FRAME} bytes: keep values small (they are rendezvous data)")
+        return _HEADER.pack(MAGIC, len(payload)) + payload
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self._data = data
+        self._pos = 0
+        self.status = _ST_OK
+
+    def _take(self, n: int) -> bytes:
+        if self._pos + n > len(self._data):
+            raise _ProtocolError(f"payload truncated (wanted {n} bytes at offset {self._pos} of {len(self._data)})")
+        out = self._data[self._pos:self._pos + n]
+        self._pos += n
+        return out
+
+    def u8(self) -> int:
+        return self._take(1)[0]
+
+    def u32(self) -> int:
+        return struct.unpack("!I", self._take(4))[0]
+
+    def i64(self) -> int:
+        return struct.unpack("!q", self._take(8))[0]
+
+    def f64(self) -> float:
+        return struct.unpack("!d", self._take(8))[0]
+
+    def blob(self) -> bytes:
+        return self._take(self.u32())
+
+    def str(self) -> str:
+        try:
+            return self.blob().decode("utf-8")
+        except UnicodeDecodeError:
+            raise _ProtocolError("key is not valid UTF-8") from None
+
+    def strs(self) -> List[str]:
+        return [self.str() for _ in range(self.u32())]  # a huge count fails on the first missing item
+
+    def end(self) -> None:
+        if self._pos != len(self._data):
+            raise _ProtocolError(f"{len(self._data) - self._pos} unexpected trailing bytes")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read n bytes; fewer only if the peer closed. Grows as data arrives, so a lying length costs nothing."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
