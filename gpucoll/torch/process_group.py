@@ -24,7 +24,6 @@ cannot do raises ``gpucoll.Unsupported`` naming the operation; bad arguments rai
 from __future__ import annotations
 
 import datetime
-import sys
 import threading
 
 import torch
@@ -33,6 +32,7 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.torch._cpu_fallback import _cpu_backend_from_caller
 from gpucoll.torch._p2p import PointToPointMixin
 from gpucoll.torch._worker import Worker
 from gpucoll.torch.work import Work
@@ -606,43 +606,6 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
             else:
                 deps.append(w)
         return Work(outputs, gworks=gworks, event=event, device=device, deps=deps)
-
-
-def _cpu_backend_from_caller(store, rank: int, size: int, timeout):
-    """For init_process_group("cpu:X,cuda:gpucoll"): the torch backend the user named for CPU tensors, or None.
-
-    torch's _new_process_group_helper calls the creator once per device and, given a Python ProcessGroup, uses it for
-    the whole group. Its locals say what the user asked for CPU tensors and hold the backend it already made for them
-    when "cpu" came first. Anything unexpected (another torch version) leaves CPU tensors to gpucoll's host backend,
-    which gives the same results on one machine."""
-    try:
-        frame = sys._getframe(2)
-        config = frame.f_locals.get("backend_config")
-        device = frame.f_locals.get("device")
-        if config is None or device is None:
-            return None
-        mapping = dict(config.get_device_backend_map())
-        cpu = str(mapping.get("cpu", "")).lower()
-        if not cpu or cpu == BACKEND_NAME or str(device) == "cpu":
-            return None
-        pg = frame.f_locals.get("pg")
-        if pg is not None:
-            try:
-                backend = pg._get_backend(torch.device("cpu"))
-                if backend is not None:
-                    return backend
-            except RuntimeError:
-                pass  # "cpu" comes after this device in the map: not made yet
-        if cpu == "gloo":
-            backend = dist.ProcessGroupGloo(dist.PrefixStore("gpucoll-cpu-gloo/", store), rank, size,
-                                            timeout if isinstance(timeout, datetime.timedelta)
-                                            else datetime.timedelta(seconds=_seconds(timeout)))
-            return backend
-        _log.info(f"gpucoll torch backend: CPU tensors were given to {cpu!r}, which gpucoll cannot reach from here; "
-                  f"they run on gpucoll's host backend")
-    except Exception as e:  # noqa: BLE001 - a convenience; never a reason to fail init_process_group
-        _log.debug(f"gpucoll torch backend: could not find the CPU backend torch made: {e}")
-    return None
 
 
 def create(store, rank: int, size: int, timeout=None) -> ProcessGroupGpucoll:
