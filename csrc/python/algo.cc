@@ -16,6 +16,11 @@ const algo::Algorithm& get_algorithm(const std::string& name) {
   if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", name, "'");
   return *a;
 }
+
+// local_size <= 0 means one node, as everywhere in the Python API.
+algo::Params make_params(int coll, int nranks, int root, int local_size) {
+  return algo::Params{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+}
 }  // namespace
 
 void bind_algo(py::module_& m) {
@@ -31,7 +36,7 @@ void bind_algo(py::module_& m) {
   m.def(
       "check_schedule",
       [](const std::string& name, int coll, int nranks, int root, int local_size, int64_t nbytes) {
-        algo::Params p{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+        const algo::Params p = make_params(coll, nranks, root, local_size);
         GPUCOLL_CHECK_ARG(nranks >= 1, "nranks must be >= 1, got ", nranks);
         GPUCOLL_CHECK_ARG(root >= 0 && root < nranks, "root must be in [0, ", nranks, "), got ", root);
         const algo::CheckResult r = algo::check_schedule(get_algorithm(name), p, nbytes);
@@ -51,7 +56,7 @@ void bind_algo(py::module_& m) {
       "schedule_ops",
       [](const std::string& name, int coll, int nranks, int root, int local_size, int rank) {
         const algo::Algorithm& a = get_algorithm(name);
-        algo::Params p{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+        const algo::Params p = make_params(coll, nranks, root, local_size);
         GPUCOLL_CHECK_ARG(rank >= 0 && rank < nranks, "rank must be in [0, ", nranks, "), got ", rank);
         if (const char* why = a.unusable(p)) GPUCOLL_INVALID_ARG("algorithm '", name, "' cannot run: ", why);
         const algo::Shape shape = a.shape(p);
@@ -83,7 +88,7 @@ void bind_algo(py::module_& m) {
         if (!a.supports(static_cast<algo::Coll>(coll))) {
           return py::str(std::string(name) + " does not implement " + algo::coll_name(static_cast<algo::Coll>(coll)));
         }
-        algo::Params p{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
+        const algo::Params p = make_params(coll, nranks, root, local_size);
         const char* why = a.unusable(p);
         return why ? py::object(py::str(why)) : py::object(py::none());
       },
