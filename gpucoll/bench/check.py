@@ -1,21 +1,30 @@
 """gpucoll-bench --check: a quick health check of a machine (a CI runner, a new box).
 
 A short sweep (-b 1K -e 64K -f 4 -n 5 -w 1 -c 1) of every collective on every backend available here
-(available_backends(): host always; the GPU backends when gpucoll can run them on this machine's GPUs), all
-collectives in one set of --nranks spawned ranks (default 2). One summary line per (backend, collective).
-Exit status: 0 all OK, 1 any #wrong > 0 or an average busbw below --min-busbw, 2 bad usage, 3 a run failed.
+(available_backends(): host always; nccl and custom when gpucoll can run them on this machine's GPUs), all
+collectives in one set of ranks per backend. Ranks: --nranks, else 2 on the host; on nccl one per GPU, and on a
+machine with one GPU 2 ranks sharing it through NCCL's multi-rank mode where the loaded NCCL allows it (else 1);
+custom: 2 virtual ranks on GPU 0. One summary line per (backend, collective).
+
+Thresholds: --min-busbw GBS applies to every line; otherwise a tuning file (--tuning FILE, else
+GPUCOLL_TUNING_FILE; the JSON gpucoll-tune writes) may hold a "min_busbw" object, looked up most specific first:
+"backend:collective@nranks", "backend:collective", "backend", "collective", "default" (GB/s). Files without it
+are fine: no threshold.
+Exit status: 0 all OK, 1 any #wrong > 0 or a busbw below its threshold, 2 bad usage, 3 a run failed.
 --json writes the list of the runs' JSON documents; --plot one plot with a line per collective.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 from gpucoll.bench import colls
 from gpucoll.bench.harness import Params
 
-SWEEP = dict(minbytes=1 << 10, maxbytes=64 << 10, stepfactor=4, iters=5, warmup_iters=1, check=1)
+SWEEP = {"minbytes": 1 << 10, "maxbytes": 64 << 10, "stepfactor": 4, "iters": 5, "warmup_iters": 1, "check": 1}
 
 
 def available_backends() -> list[str]:
@@ -32,46 +41,123 @@ def available_backends() -> list[str]:
     return out
 
 
+def load_thresholds(path: str | None) -> dict:
+    """The "min_busbw" object of a tuning file ({} when there is none). Raises ValueError saying what is wrong."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"tuning file {path!r} cannot be read: {e}") from None
+    table = doc.get("min_busbw", {}) if isinstance(doc, dict) else None
+    if not isinstance(table, dict) or not all(isinstance(v, (int, float)) for v in table.values()):
+        raise ValueError(f"tuning file {path!r}: \"min_busbw\" must map keys such as \"nccl:all_reduce\" or "
+                         f"\"default\" to GB/s numbers")
+    return table
+
+
+def threshold(table: dict, backend: str, coll: str, nranks: int) -> float | None:
+    for key in (f"{backend}:{coll}@{nranks}", f"{backend}:{coll}", backend, coll, "default"):
+        if key in table:
+            return float(table[key])
+    return None
+
+
+def check_ranks(backend: str, asked: int | None) -> tuple[int, str]:
+    """(ranks to run, a note) for `backend`: --nranks when given, else as the module docstring says."""
+    if asked is not None:
+        return asked, ""
+    if backend != "nccl":
+        return 2, ""
+    from gpucoll import _C
+    from gpucoll._nccl_backend import spawn_plan
+    from gpucoll.errors import Unsupported
+
+    gpus = int(_C.cuda_probe().get("device_count") or 0)
+    if gpus >= 2:
+        return gpus, ""
+    try:
+        spawn_plan(2, "nccl")
+        return 2, "2 ranks share the GPU (NCCL multi-rank mode)"
+    except Unsupported as e:
+        return 1, f"1 rank: {str(e).splitlines()[0]}"
+
+
 def _check_rank(comm, plist: list) -> list[dict]:
     from gpucoll.bench import harness
 
     return [harness.run_rank(comm, p) for p in plist]
 
 
-def check_main(argv: list[str]) -> int:
-    import gpucoll
-    from gpucoll.bench import report
-    from gpucoll.bench.cli import EXIT_FAILED, EXIT_OK, EXIT_WRONG
-
+def _parse(argv: list[str]):
     ap = argparse.ArgumentParser(prog="gpucoll-bench --check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nranks", type=int, default=2)
+    ap.add_argument("--nranks", type=int, default=None)
+    ap.add_argument("--backend", default=None, help="comma list (default: every backend available here)")
     ap.add_argument("--min-busbw", type=float, default=None, metavar="GBS")
+    ap.add_argument("--tuning", default=None, metavar="FILE", help="tuning JSON with a min_busbw object (default: "
+                    "GPUCOLL_TUNING_FILE)")
     ap.add_argument("--json", "-J", default=None, metavar="FILE")
     ap.add_argument("--plot", default=None, metavar="FILE.png")
     ap.add_argument("--colls", default=",".join(colls.names()), help="comma-separated collectives (default all)")
     ap.add_argument("-T", "--timeout", type=float, default=120.0)
     ap.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    names = [colls.canonical(c.strip()) for c in args.colls.split(",") if c.strip()]
+    bad = [c for c in names if c not in colls.names()]
+    if bad or (args.nranks is not None and args.nranks < 1):
+        ap.error(f"unknown collective(s) {', '.join(bad)}" if bad else "--nranks must be >= 1")
+    if args.tuning is None:
+        from gpucoll import config
+
+        args.tuning = config.get("GPUCOLL_TUNING_FILE").strip() or None
     try:
-        args = ap.parse_args(argv)
-        names = [colls.canonical(c.strip()) for c in args.colls.split(",") if c.strip()]
-        bad = [c for c in names if c not in colls.names()]
-        if bad or args.nranks < 1:
-            ap.error(f"unknown collective(s) {', '.join(bad)}" if bad else "--nranks must be >= 1")
+        args.table = load_thresholds(args.tuning)
+    except ValueError as e:
+        ap.error(str(e))
+    backends = available_backends()
+    if args.backend:
+        from gpucoll.bench.cli import UsageError, resolve_backend
+
+        try:
+            backends = [resolve_backend(b.strip()) for b in args.backend.split(",") if b.strip()]
+        except UsageError as e:
+            ap.error(str(e))
+    return args, names, list(dict.fromkeys(backends))
+
+
+def check_main(argv: list[str]) -> int:
+    from gpucoll.bench import harness
+    from gpucoll.bench.cli import EXIT_FAILED, EXIT_OK, EXIT_WRONG
+
+    try:
+        args, names, backends = _parse(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     status, docs = EXIT_OK, []
-    for backend in available_backends():
+    for backend in backends:
+        n, note = check_ranks(backend, args.nranks)
+        if note:
+            print(f"check {backend:6s} {note}")
         plist = []
         for name in names:
-            if args.nranks < colls.get(name).min_ranks:
-                print(f"check {backend:6s} {name:15s} SKIP  needs {colls.get(name).min_ranks} ranks")
+            why = None
+            if n < colls.get(name).min_ranks:
+                why = f"needs {colls.get(name).min_ranks} ranks"
+            elif backend == "custom" and name == "sendrecv":
+                why = "virtual ranks have no point-to-point operations"
+            if why:
+                print(f"check {backend:6s} {name:15s} SKIP  {why}")
                 continue
-            plist.append(Params(coll=name, backend=backend, nranks=args.nranks, quiet=True, timeout=args.timeout,
-                                inject_error=args.inject_error, min_busbw=args.min_busbw, launch="spawn",
+            low = args.min_busbw if args.min_busbw is not None else threshold(args.table, backend, name, n)
+            plist.append(Params(coll=name, backend=backend, backend_label=backend, nranks=n, quiet=True,
+                                timeout=args.timeout, inject_error=args.inject_error, min_busbw=low, average=0,
                                 argv=["--check", *argv], **SWEEP))
+        if not plist:
+            continue
         try:
-            per_rank = gpucoll.spawn(_check_rank, args.nranks, args=(plist,), backend=backend, timeout=args.timeout)
+            per_rank = harness.run_local(_check_rank, plist[0], n, (plist,))
         except Exception as e:  # noqa: BLE001 - one clear line
             print(f"check {backend:6s} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             status = EXIT_FAILED
@@ -80,25 +166,22 @@ def check_main(argv: list[str]) -> int:
             res = [r[i] for r in per_rank]
             wrong = max(r["errors"] for r in res) or sum(r["errors_local"] for r in res)
             bw = res[0]["avg_busbw"]
-            low = args.min_busbw is not None and bw < args.min_busbw
+            low = p.min_busbw is not None and bw < p.min_busbw
             ok = not wrong and not low
-            why = "" if ok else (f"  #wrong {wrong}" if wrong else "") + (f"  busbw < {args.min_busbw:g}" if low else "")
+            why = "" if ok else (f"  #wrong {wrong}" if wrong else "") + (f"  busbw < {p.min_busbw:g}" if low else "")
             print(f"check {backend:6s} {p.coll:15s} {'OK  ' if ok else 'FAIL'}  avg busbw {bw:8.3f} GB/s  "
-                  f"{len(res[0]['rows'])} rows{why}")
+                  f"{len(res[0]['rows'])} rows  {n} ranks{why}")
             if not ok:
                 status = max(status, EXIT_WRONG)
             docs.append(res[0]["doc"])
     if args.json:
-        import json
-        import os
-
         with open(args.json + ".tmp", "w") as f:
             json.dump(docs, f, indent=2)
         os.replace(args.json + ".tmp", args.json)
     if args.plot and docs:
         from gpucoll.bench.plot import plot_docs
 
-        plot_docs([(d["config"]["collective"], d) for d in docs], args.plot, title="gpucoll-bench --check")
+        plot_docs([(f"{d['environment']['backend']} {d['config']['collective']}", d) for d in docs], args.plot,
+                  title="gpucoll-bench --check")
     print(f"check: {'OK' if status == EXIT_OK else 'FAILED'} ({len(docs)} runs)")
-    _ = report
     return status

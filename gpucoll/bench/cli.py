@@ -12,16 +12,17 @@ prints; otherwise --nranks local ranks are spawned (default 1, run in this proce
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import os
 import sys
 import traceback
-from typing import Optional
 
-from gpucoll.bench import colls
+from gpucoll.bench import colls, report
 from gpucoll.bench.harness import Params, sizes
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+BACKENDS = ("host", "nccl", "custom", "auto")
 
 # The variables whose presence means "a launcher started this process as one rank of a job".
 LAUNCHER_VARS = (("torchrun", ("RANK", "WORLD_SIZE")), ("openmpi", ("OMPI_COMM_WORLD_RANK",)),
@@ -105,6 +106,16 @@ def _choices(kind: str, valid, aliases=None):
     return parse
 
 
+def _backends(text: str) -> list[str]:
+    """--backend a,b,...: each of BACKENDS at most once, in the order given."""
+    out = [b.strip().lower() for b in text.split(",") if b.strip()]
+    bad = [b for b in out if b not in BACKENDS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"unknown backend {(bad or [text])[0]!r}: expected one of "
+                                         f"{', '.join(BACKENDS)}, or a comma list of them")
+    return list(dict.fromkeys(out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpucoll-bench", description="Benchmark and check gpucoll collectives with "
                                 "nccl-tests' flags and table.", epilog=_EPILOG,
@@ -129,11 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--root", type=_int("root", 0), default=None,
                    help=f"root rank (rooted collectives; default {d.root})")
     p.add_argument("-a", "--average", type=int, choices=range(4), default=d.average,
-                   help="time shown: 0 rank 0's (default), 1 mean over ranks, 2 min, 3 max")
+                   help="time shown: 0 rank 0's, 1 mean over ranks (default, as nccl-tests), 2 min, 3 max")
+    p.add_argument("-G", "--cudagraph", type=_int("graph launch count", 0), default=d.graph, metavar="N",
+                   help="capture the -n calls in a CUDA graph and time N launches of it (CUDA backends)")
+    p.add_argument("-z", "--blocking", type=int, choices=(0, 1), default=d.blocking,
+                   help="1: synchronize the stream after every call (the host backend always blocks)")
     p.add_argument("--nranks", type=_int("rank count", 1), default=None,
                    help="spawn this many local ranks (default: one rank per process under a launcher, else 1)")
-    p.add_argument("--backend", choices=("auto", "host", "nccl", "custom"), default="auto",
-                   help="auto: a GPU backend when a GPU is usable, else host (today: host)")
+    p.add_argument("--backend", type=_backends, default=["auto"],
+                   help="comma list of host, nccl, custom, auto (auto: nccl when a GPU and NCCL are usable, else "
+                        "host); each runs as its own block of rows")
     from gpucoll import _C
 
     p.add_argument("--algo", default="auto", help="comma-separated algorithms, each run as its own block of rows: "
@@ -153,30 +169,78 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def launcher() -> Optional[str]:
+def launcher() -> str | None:
     for name, variables in LAUNCHER_VARS:
         if any(os.environ.get(v, "").strip() for v in variables):
             return name
     return None
 
 
-def resolve_backend(requested: str) -> str:
+def resolve_backend(requested: str, coll: str | None = None) -> str:
     """The backend to run. Raises UsageError with what to do instead when it cannot run here."""
     from gpucoll import _C
+    from gpucoll.bench import devmem, virtual
 
-    probe = _C.cuda_probe()
-    if requested in ("nccl", "custom"):
+    if requested == "auto":
+        from gpucoll._nccl_backend import auto_selects_nccl
+
+        return "nccl" if auto_selects_nccl() and devmem.cuda_lib() is not None else "host"
+    if requested == "custom":
+        why = virtual.problem(coll)
+        if why:
+            raise UsageError(why)
+        return requested
+    if requested == "nccl":
+        from gpucoll._nccl_backend import problems
+
+        probe = _C.cuda_probe()
         if probe.get("device_count", 0) == 0:
-            raise UsageError(f"--backend {requested} needs a usable CUDA GPU and this machine has none "
+            raise UsageError(f"--backend nccl needs a usable CUDA GPU and this machine has none "
                              f"({probe.get('reason') or 'no device'}); use --backend host to benchmark the CPU "
                              f"shared-memory backend")
-        raise UsageError(f"--backend {requested} is not available in this version of gpucoll yet (it benchmarks "
-                         f"host arrays only); use --backend host")
-    # auto: the GPU backends are not there yet and the harness allocates host arrays, so auto means host.
-    return "host"
+        found = problems()
+        if found:
+            raise UsageError("--backend nccl cannot run here: " + "; ".join(found))
+        if devmem.cuda_lib() is None:
+            raise UsageError("--backend nccl allocates CUDA buffers with torch or CuPy, and neither can use the GPU "
+                             "here: install torch with CUDA or cupy-cuda13x")
+    return requested
 
 
-def parse_args(argv: Optional[list[str]] = None) -> Params:
+def check_backend(p: Params, nranks: int, requested: str) -> None:
+    """What depends on the resolved backend and the number of ranks: -G and -z, algorithms (NCCL picks its
+    own), ranks per GPU. Raises UsageError; adds notes."""
+    where = f"--backend {requested}" + (f" (resolved to {p.backend})" if requested != p.backend else "")
+    if p.backend == "host":
+        if p.graph:
+            raise UsageError(f"-G/--cudagraph captures CUDA graphs and {where} runs on the CPU: drop -G, or use "
+                             f"--backend nccl on a machine with a GPU")
+        if p.blocking:
+            p.notes.append("-z 1: the host backend's collectives return when done: every call blocks already")
+        return
+    if p.graph and p.blocking:
+        raise UsageError("-z 1 synchronizes after every call, which a CUDA graph capture cannot do: use -G or -z")
+    if p.backend == "custom":
+        if p.graph:
+            raise UsageError("-G/--cudagraph: capturing virtual ranks (--backend custom) is not supported yet; "
+                             "use -G with --backend nccl")
+        return
+    if any(a != "auto" for a in p.algos):
+        p.notes.append(f"--backend nccl: NCCL picks its own algorithm, so --algo {','.join(p.algos)} runs as auto")
+        p.algos = ["auto"]
+    if nranks > 1 and launcher() is None:
+        from gpucoll._nccl_backend import spawn_plan
+        from gpucoll.errors import Unsupported
+
+        try:
+            _, env = spawn_plan(nranks, "nccl")
+        except Unsupported as e:
+            raise UsageError(str(e)) from None
+        if env:
+            p.notes.append(f"--nranks {nranks}: ranks share GPUs through NCCL's multi-rank mode ({', '.join(env)}=1)")
+
+
+def parse_args(argv: list[str] | None = None) -> Params:
     """argv -> Params. Bad usage exits through argparse (status 2) with the reason."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -213,7 +277,8 @@ def parse_args(argv: Optional[list[str]] = None) -> Params:
                   dtypes=list(dtypes), ops=list(args.op or d.ops), root=d.root if args.root is None else args.root,
                   algos=algos, algo_all=algo_all, average=args.average,
                   json=args.json, csv=args.csv, plot=args.plot, min_busbw=args.min_busbw, compare=args.compare,
-                  timeout=args.timeout, backend=args.backend, nranks=args.nranks,
+                  timeout=args.timeout, backend=args.backend[0], backends=list(args.backend), nranks=args.nranks,
+                  graph=args.cudagraph, blocking=args.blocking,
                   inject_error=args.inject_error, argv=list(sys.argv[1:] if argv is None else argv), notes=notes)
 
 
@@ -293,7 +358,7 @@ def _fit_memory(p: Params, local_ranks: int) -> None:
         p.notes.append(f"Reducing maxBytes to {p.maxbytes} due to memory limitation")
 
 
-def exit_status(results, min_busbw: Optional[float] = None) -> int:
+def exit_status(results, min_busbw: float | None = None) -> int:
     """1 when any rank counted a wrong element, either in the cross-rank sum or in its own local count, or when
     rank 0's average busbw (the one printed) is below min_busbw (a message on stderr says so)."""
     for r in results:
@@ -330,13 +395,18 @@ def _peer(p: Params, n: int) -> None:
         return
     from gpucoll.bench import peers
 
-    why = peers.unavailable(p.compare, p.coll, p.backend)
+    peer, note = peers.resolve(p.compare, p.backend)
+    why = peers.unavailable(peer, p.coll, p.backend)
     if why:
         raise UsageError(why)
-    p.peer_times = peers.run_gloo(p, n)
+    if note:
+        p.notes.append(note)
+    p.compare = peer
+    p.peer_times = peers.measure(peer, p, n)
 
 
-def _run(p: Params) -> int:
+def _run(p: Params, requested: str) -> list:
+    """One backend's run; the results of the ranks in this process (all of them unless under a launcher)."""
     import gpucoll
     from gpucoll.bench import harness
 
@@ -344,40 +414,80 @@ def _run(p: Params) -> int:
     if p.nranks is None and which is not None:
         from gpucoll.bootstrap import detect_launch
 
+        if p.backend == "custom":
+            raise UsageError("--backend custom runs P virtual ranks in one process: use --nranks P instead of a "
+                             "launcher")
         info = detect_launch()
         check_world(p, info.world_size)
+        check_backend(p, info.world_size, requested)
         if p.compare:
             raise UsageError("--compare spawns the peer's ranks itself: use --nranks N instead of a launcher")
         p.launch = which
         _fit_memory(p, info.local_world_size or 1)
         comm = gpucoll.init(backend=p.backend, timeout=p.timeout)
         try:
-            result = harness.run_rank(comm, p)
+            return [harness.run_rank(comm, p)]
         finally:
             comm.close()
-        return exit_status([result], p.min_busbw)
     n = p.nranks or 1
     check_world(p, n)
+    check_backend(p, n, requested)
     _peer(p, n)
     p.progress = want_progress(p)
     if which is not None:
-        p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, spawning local ranks")
+        p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, running local ranks")
     _fit_memory(p, n)
-    if n == 1:
-        from gpucoll._spawn import free_port
-
-        p.launch = "in-process"
-        comm = gpucoll.init(0, 1, backend=p.backend, address="127.0.0.1", port=free_port(), timeout=p.timeout)
-        try:
-            return exit_status([harness.run_rank(comm, p)], p.min_busbw)
-        finally:
-            comm.close()
-    p.launch = "spawn"
-    return exit_status(gpucoll.spawn(harness.run_rank, n, args=(p,), backend=p.backend, timeout=p.timeout),
-                       p.min_busbw)
+    return harness.run_local(harness.run_rank, p, n, (p,))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def write_outputs(p: Params, docs: list) -> None:
+    """--json, --csv and --plot from rank 0's documents: one per backend, merged into one for a sweep."""
+    doc = docs[0] if len(docs) == 1 else report.merge_docs(docs)
+    if p.json:
+        report.write_json(p.json, doc)
+    if p.csv:
+        report.write_csv(p.csv, doc)
+    if p.plot:
+        from gpucoll.bench.plot import plot_docs
+
+        plot_docs([("", doc)], p.plot)
+
+
+def _failed(e: BaseException) -> int:
+    """One clear line (and details) for a failed run; its exit status."""
+    from gpucoll import errors as gpucoll_errors
+
+    if isinstance(e, UsageError):
+        print(f"gpucoll-bench: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(e, KeyboardInterrupt):
+        print("gpucoll-bench: interrupted", file=sys.stderr)
+        return 130
+    sys.stdout.flush()
+    print(f"gpucoll-bench: error: the run failed: {type(e).__name__}: {e}", file=sys.stderr)
+    rank = getattr(e, "rank", None)
+    if rank is not None:
+        print(f"gpucoll-bench: (raised on rank {rank})", file=sys.stderr)
+    for note in getattr(e, "__notes__", ()):
+        print(note, file=sys.stderr)
+    if not isinstance(e, gpucoll_errors.GpucollError) and rank is None:
+        traceback.print_exception(e)  # not a collective's error: a bug, show where
+    return EXIT_FAILED
+
+
+def plan_backends(p: Params) -> list[tuple[str, Params]]:
+    """(asked, Params) per --backend entry, each resolved (auto: what it resolved to); UsageError for one that
+    cannot run here, before anything runs."""
+    out = []
+    for asked in p.backends:
+        q = copy.deepcopy(p)
+        q.backend = resolve_backend(asked, p.coll)
+        q.backend_label = f"auto({q.backend})" if asked == "auto" else q.backend
+        out.append((asked, q))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["report"]:
         from gpucoll.bench.plot import report_main
@@ -393,33 +503,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
-        p.backend = resolve_backend(p.backend)
         if not sizes(p):
             raise UsageError("no sizes to run")
+        plan = plan_backends(p)
     except UsageError as e:
-        print(f"gpucoll-bench: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    from gpucoll import errors as gpucoll_errors
-
-    try:
-        return _run(p)
-    except UsageError as e:
-        print(f"gpucoll-bench: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("gpucoll-bench: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - report any failure of the run as one clear line (+ details)
-        sys.stdout.flush()
-        print(f"gpucoll-bench: error: the run failed: {type(e).__name__}: {e}", file=sys.stderr)
-        rank = getattr(e, "rank", None)
-        if rank is not None:
-            print(f"gpucoll-bench: (raised on rank {rank})", file=sys.stderr)
-        for note in getattr(e, "__notes__", ()):
-            print(note, file=sys.stderr)
-        if not isinstance(e, gpucoll_errors.GpucollError) and rank is None:
-            traceback.print_exc()  # not a collective's error: a bug, show where
-        return EXIT_FAILED
+        return _failed(e)
+    status, docs = EXIT_OK, []
+    for asked, q in plan:
+        try:
+            results = _run(q, asked)
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - any failure of the run: one clear line
+            return _failed(e)
+        status = max(status, exit_status(results, q.min_busbw))
+        if results and results[0] and results[0].get("doc"):
+            docs.append(results[0]["doc"])
+    if docs:
+        write_outputs(p, docs)
+    return status
 
 
 if __name__ == "__main__":

@@ -21,11 +21,10 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
-from gpucoll.bench import colls, report
+from gpucoll.bench import colls, devmem, report
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
 from gpucoll.errors import InvalidArgument
 
@@ -47,18 +46,23 @@ class Params:
     root: int = 0
     algos: list[str] = field(default_factory=lambda: ["auto"])
     algo_all: bool = False  # --algo all: algorithms unusable at this world size are skipped, not refused
-    average: int = 0
-    json: Optional[str] = None
-    csv: Optional[str] = None  # --csv FILE: every row + the environment
-    plot: Optional[str] = None  # --plot FILE.png
-    min_busbw: Optional[float] = None  # --min-busbw: exit 1 when the average busbw is below
-    compare: Optional[str] = None  # --compare gloo: the peer's name; peer_times holds its measurements
+    average: int = 1  # nccl-tests' default: the mean over ranks
+    graph: int = 0  # -G N: capture the `iters` calls in a CUDA graph and launch it N times (nccl-tests)
+    blocking: int = 0  # -z 1: synchronize the stream after every call (nccl-tests' --blocking)
+    json: str | None = None
+    csv: str | None = None  # --csv FILE: every row + the environment
+    plot: str | None = None  # --plot FILE.png
+    min_busbw: float | None = None  # --min-busbw: exit 1 when the average busbw is below
+    compare: str | None = None  # --compare gloo: the peer's name; peer_times holds its measurements
     peer_times: dict = field(default_factory=dict)  # (type, redop, size) -> seconds
     progress: bool = False  # tqdm bar on stderr (decided by the cli: stderr a TTY and enough rows)
     quiet: bool = False  # no table (--check prints its own summary)
     timeout: float = 300.0
     backend: str = "host"
-    nranks: Optional[int] = None
+    backends: list[str] = field(default_factory=lambda: ["host"])  # --backend a,b: one run each, in order
+    backend_label: str = ""  # what the preamble says: "auto(host)" when --backend auto resolved to host
+    staged: bool = False  # tests: host buffers with a separate "device" twin (devmem.StagedHostMem)
+    nranks: int | None = None
     launch: str = "spawn"  # "spawn", "in-process" or the launcher's name
     inject_error: bool = False
     argv: list[str] = field(default_factory=list)
@@ -105,19 +109,23 @@ class _Rank:
         self.wrong_local = 0  # wrong elements this rank saw, all checks together
         self.bw_sum = {}  # algo -> [sum of busbw, count]
         self.refused: str | None = None  # why gpucoll refused nccl-tests' in-place call (said once)
+        self.mem = devmem.for_comm(comm, p.staged)
         # Two raw byte buffers at the largest size; rows use prefix views of them (nccl-tests allocates once).
+        # On a CUDA run these are the host mirrors the plugins fill and check, and *_dev their device twins.
         nbytes = 0
         for name in p.dtypes:
             isz = DTYPES[name].itemsize
             c = self.coll.counts(p.maxbytes // isz, self.n, isz)
             nbytes = max(nbytes, c.send * isz, c.recv * isz)
-        self.send_buf = np.zeros(nbytes, np.uint8)
-        self.recv_buf = np.zeros(nbytes, np.uint8)
+        self.send_buf = self.mem.alloc(nbytes)
+        self.recv_buf = self.mem.alloc(nbytes)
+        self.send_dev = self.mem.twin(self.send_buf)
+        self.recv_dev = self.mem.twin(self.recv_buf)
 
     # -- cross-rank helpers ----------------------------------------------------------------------------------
     def _sum(self, values, dtype=np.float64) -> np.ndarray:
         arr = np.array(values, dtype=dtype)
-        self.comm.all_reduce(arr, op="sum")
+        self.mem.reduce_small(self.comm, arr, "sum")
         return arr
 
     def _time(self, sec: float) -> float:
@@ -126,7 +134,7 @@ class _Rank:
         if self.p.average == 0 or self.n == 1:
             return sec
         arr = np.array([sec], np.float64)
-        self.comm.all_reduce(arr, op=("sum", "sum", "min", "max")[self.p.average])
+        self.mem.reduce_small(self.comm, arr, ("sum", "sum", "min", "max")[self.p.average])
         return float(arr[0]) / (self.n if self.p.average == 1 else 1)
 
     def rank_info(self) -> list[dict]:
@@ -136,36 +144,58 @@ class _Rank:
         names = np.zeros((self.n, 64), np.uint8)
         raw = socket.gethostname().encode()[:64]
         names[self.rank, :len(raw)] = np.frombuffer(raw, np.uint8)
-        self.comm.all_reduce(pids)
-        self.comm.all_reduce(names)
-        device = f"cpu [{self.comm.backend}] {_cpu_model()}"
+        self.mem.reduce_small(self.comm, pids)
+        self.mem.reduce_small(self.comm, names)
+        label = self.mem.label if self.mem.kind == "cuda" else f"cpu {_cpu_model()}"
+        device = f"{label} [{self.comm.backend}]"
         return [{"rank": r, "pid": int(pids[r]), "hostname": bytes(names[r]).rstrip(b"\0").decode(errors="replace"),
                  "device": device} for r in range(self.n)]
 
     # -- one measurement (nccl-tests' BenchTime) -------------------------------------------------------------
     def _views(self, counts, dt, in_place: bool):
-        """Storage views of this row's buffers. In place, as nccl-tests' startColl: both live in the receive
-        buffer, the input at send_inplace_offset * rank and the output at recv_inplace_offset * rank."""
-        isz = dt.itemsize
+        """This row's buffers: host storage views (what init_data fills and the check reads), the objects the
+        collective is given (views of the device twins; the host views themselves on the host backend), and the
+        byte spans of each raw buffer the row uses, (send first, send stop, recv first, recv stop), for staging.
+        In place, as nccl-tests' startColl: both live in the receive buffer, the input at send_inplace_offset *
+        rank and the output at recv_inplace_offset * rank."""
+        isz, mem = dt.itemsize, self.mem
 
-        def view(buf, first, count):
+        def host(buf, first, count):
             return buf[first * isz:(first + count) * isz].view(dt.storage)
 
         if in_place:
-            return (view(self.recv_buf, counts.send_inplace_offset * self.rank, counts.send),
-                    view(self.recv_buf, counts.recv_inplace_offset * self.rank, counts.recv))
-        return view(self.send_buf, 0, counts.send), view(self.recv_buf, 0, counts.recv)
+            s0, r0 = counts.send_inplace_offset * self.rank, counts.recv_inplace_offset * self.rank
+            stop = max(s0 + counts.send, r0 + counts.recv) * isz
+            return (host(self.recv_buf, s0, counts.send), host(self.recv_buf, r0, counts.recv),
+                    mem.view(self.recv_dev, s0 * isz, counts.send * isz, dt),
+                    mem.view(self.recv_dev, r0 * isz, counts.recv * isz, dt), (0, 0, 0, stop))
+        return (host(self.send_buf, 0, counts.send), host(self.recv_buf, 0, counts.recv),
+                mem.view(self.send_dev, 0, counts.send * isz, dt), mem.view(self.recv_dev, 0, counts.recv * isz, dt),
+                (0, counts.send * isz, 0, counts.recv * isz))
+
+    def _upload(self, spans) -> None:
+        self.mem.upload(self.send_buf, self.send_dev, spans[0], spans[1])
+        self.mem.upload(self.recv_buf, self.recv_dev, spans[2], spans[3])
+
+    def _download(self, spans) -> None:
+        self.mem.download(self.send_dev, self.send_buf, spans[0], spans[1])
+        self.mem.download(self.recv_dev, self.recv_buf, spans[2], spans[3])
 
     def bench(self, dt, op: str, algo: str, counts, in_place: bool):
         """(time us, algbw, busbw, #wrong or None when unchecked), or None when gpucoll refuses this in-place
         layout."""
-        p, coll = self.p, self.coll
-        send, recv = self._views(counts, dt, in_place)
+        p, coll, mem = self.p, self.coll, self.mem
+        send, recv, send_obj, recv_obj, spans = self._views(counts, dt, in_place)
         ctx = DataContext(rank=self.rank, nranks=self.n, dtype=dt, op=op, root=p.root, algo=algo, counts=counts,
-                          in_place=in_place, send=send, recv=recv)
-        send_obj, recv_obj = dt.wrap(send), dt.wrap(recv)
+                          in_place=in_place, send=send, recv=recv, copy=mem.copy)
         # Ordinary numbers in the buffers while timing: garbage could hold denormals, which are slow on CPUs.
         coll.init_data(ctx)
+        self._upload(spans)
+
+        def call():
+            coll.run(self.comm, send_obj, recv_obj, ctx)
+            if p.blocking:
+                mem.synchronize()
 
         def first_call() -> bool:
             # nccl-tests' in-place layouts put the input inside the output at an offset (all_gather's input is the
@@ -173,7 +203,7 @@ class _Rank:
             # communication and agree on every rank (the layout is the same everywhere), so all ranks refuse the
             # first call together and stay in step: the row shows N/A instead of failing the run.
             try:
-                coll.run(self.comm, send_obj, recv_obj, ctx)
+                call()
                 return True
             except InvalidArgument as e:
                 if not in_place:
@@ -182,25 +212,38 @@ class _Rank:
                     self.refused = f"{coll.name} in place not run: gpucoll refuses nccl-tests' in-place layout ({e})"
                 return False
 
-        # The first call is the first warmup call, or the first timed one with -w 0.
-        if p.warmup_iters and not first_call():
+        # The first call is the first warmup call, or the first timed one with -w 0 (-G: always a warmup call,
+        # as NCCL must have connected before its calls can be captured).
+        warm = max(p.warmup_iters, 1 if p.graph else 0)
+        if warm and not first_call():
             return None
-        for _ in range(p.warmup_iters - 1):
-            coll.run(self.comm, send_obj, recv_obj, ctx)
+        for _ in range(warm - 1):
+            call()
+        replay = mem.capture(lambda: [call() for _ in range(p.iters)]) if p.graph else None
         self.comm.barrier()
-        t0 = time.perf_counter()
-        if not p.warmup_iters and not first_call():
-            return None
-        for _ in range(p.iters - (0 if p.warmup_iters else 1)):
-            coll.run(self.comm, send_obj, recv_obj, ctx)
-        sec = self._time((time.perf_counter() - t0) / p.iters)
+        timer = mem.timer()
+        timer.start()
+        if replay is not None:
+            for _ in range(p.graph):  # nccl-tests: time = all launches / (iters * launches)
+                replay()
+        else:
+            if not warm and not first_call():
+                return None
+            for _ in range(p.iters - (0 if warm else 1)):
+                call()
+        sec = self._time(timer.stop() / (p.iters * max(p.graph, 1)))
         algbw, busbw = coll.get_bw(counts.param, dt.itemsize, sec, self.n) if sec > 0 else (0.0, 0.0)
 
-        wrong: Optional[int] = None
+        wrong: int | None = None
         if p.check > 0 and (coll.in_place_checked or not in_place):
             for _ in range(p.check):
                 expects = coll.init_data(ctx)
-                coll.run(self.comm, send_obj, recv_obj, ctx)
+                self._upload(spans)
+                if p.graph:  # checked through a graph too, as nccl-tests does: what was timed is what is checked
+                    mem.capture(call)()
+                else:
+                    call()
+                self._download(spans)
                 if p.inject_error and self.rank == self.n - 1:
                     corrupt(expects[0].buf)
                 local = sum(count_wrong(e) for e in expects)
@@ -216,7 +259,7 @@ class _Rank:
         return sec * 1e6, algbw, busbw, wrong
 
     # -- a block of sizes (nccl-tests' TimeTest) -------------------------------------------------------------
-    def _peer(self, dt, op_name: str, nbytes: int, counts, out_of_place) -> Optional[dict]:
+    def _peer(self, dt, op_name: str, nbytes: int, counts, out_of_place) -> dict | None:
         """The --compare peer's numbers for this row and the ratio peer time / gpucoll (out-of-place) time."""
         p = self.p
         if not p.compare:
@@ -238,6 +281,7 @@ class _Rank:
             nbytes = max(counts.send, counts.recv) * dt.itemsize
             self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
             row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters, coll.name)
+            row["backend"] = self.comm.backend
             oop = None
             for in_place in (False, True):
                 res = self.bench(dt, op, algo, counts, in_place)
@@ -257,7 +301,8 @@ class _Rank:
     def run(self) -> dict:
         p = self.p
         ranks = self.rank_info()
-        self.out.lines(report.preamble_lines(p.program, _version(), p, self.n, self.comm.backend, p.algos, ranks))
+        self.out.lines(report.preamble_lines(p.program, _version(), p, self.n, p.backend_label or self.comm.backend,
+                                             p.algos, ranks))
         self.out.lines([f"# {note}\n" for note in p.notes])
         started = time.time()
         if p.progress and self.rank == 0:
@@ -280,17 +325,8 @@ class _Rank:
         if self.bar is not None:
             self.bar.close()
         self.out.lines(report.footer_lines(errors, avg_bw, p.program, per_algo, p.min_busbw))
-        doc = None
-        if self.rank == 0:
-            doc = self._json_doc(ranks, errors, avg_bw, per_algo, started)
-            if p.json:
-                report.write_json(p.json, doc)
-            if p.csv:
-                report.write_csv(p.csv, doc)
-            if p.plot:
-                from gpucoll.bench.plot import plot_docs
-
-                plot_docs([("", doc)], p.plot)
+        # Rank 0's document; the cli writes --json/--csv/--plot from it (one file for a sweep of backends).
+        doc = self._json_doc(ranks, errors, avg_bw, per_algo, started) if self.rank == 0 else None
         return {"rank": self.rank, "errors": errors, "errors_local": self.errors_local,
                 "wrong_local": self.wrong_local, "avg_busbw": avg_bw,
                 "rows": self.rows if self.rank == 0 else None, "doc": doc}
@@ -301,7 +337,8 @@ class _Rank:
         p = self.p
         config = {"collective": p.coll, "nthreads": 1, "ngpus": 1, "minimum_bytes": p.minbytes,
                   "maximum_bytes": p.maxbytes, "warmup_iters": p.warmup_iters, "iterations": p.iters,
-                  "aggregated_iterations": 1, "validation": p.check, "graph": 0, "datatypes": p.dtypes,
+                  "aggregated_iterations": 1, "validation": p.check, "graph": p.graph,
+                  "blocking": p.blocking, "datatypes": p.dtypes,
                   "ops": p.ops, "root": p.root, "algos": p.algos, "average": AVERAGE_NAMES[p.average],
                   "timeout": p.timeout}
         config["step_factor" if p.stepfactor > 1 else "step_bytes"] = p.stepfactor if p.stepfactor > 1 else p.stepbytes
@@ -337,3 +374,27 @@ def _version() -> str:
 def run_rank(comm, params: Params) -> dict:
     """gpucoll.spawn / launcher entry: the whole benchmark on this rank."""
     return _Rank(comm, params).run()
+
+
+def run_local(fn, p: Params, n: int, args: tuple) -> list:
+    """fn(comm, *args) on `n` local ranks of p.backend, results in rank order: one rank in this process, more as
+    spawned processes (nccl: as gpucoll.spawn places them, several on one GPU where NCCL allows), custom as
+    virtual ranks in this process (bench/virtual.py)."""
+    import gpucoll
+
+    if p.backend == "custom":
+        from gpucoll.bench import virtual
+
+        p.launch = "virtual"
+        return virtual.run(fn, n, args, p.timeout)
+    if n > 1:
+        p.launch = "spawn"
+        return gpucoll.spawn(fn, n, args=args, backend=p.backend, timeout=p.timeout)
+    from gpucoll._spawn import free_port
+
+    p.launch = "in-process"
+    comm = gpucoll.init(0, 1, backend=p.backend, address="127.0.0.1", port=free_port(), timeout=p.timeout)
+    try:
+        return [fn(comm, *args)]
+    finally:
+        comm.close()

@@ -1,37 +1,80 @@
-"""--compare: the same sizes, datatypes and ops on a peer library, in the same invocation.
+"""--compare: the same sizes, datatypes and ops on a peer, in the same invocation, on the same number of ranks.
 
-gloo (torch.distributed, CPU) runs here as `nranks` spawned processes, before gpucoll's run; gpucoll's table then
-shows the peer's time and the ratio peer time / gpucoll time after nccl-tests' columns. torch and nccl peers
-time GPU buffers and need a GPU (and gpucoll's GPU backends): refused with a clear message on a CPU machine.
-Times are the slowest rank's loop time / iters (as bench/compare_peers.py).
+* gloo: torch.distributed's CPU backend, for host runs (`--compare torch` on a host run means this too, said in a
+  note: torch's CPU collectives are gloo's).
+* torch: torch.distributed with NCCL on CUDA tensors, for CUDA runs (nccl, custom); ranks share GPUs as gpucoll's
+  do (rank r on GPU r % count; NCCL's multi-rank mode when ranks outnumber GPUs).
+* nccl: gpucoll's own nccl backend, for --backend custom: NCCL at the same number of ranks (several on one GPU
+  need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1, as gpucoll.spawn arranges).
+
+The peer runs before gpucoll's run, on its own spawned ranks; gpucoll's table then shows the peer's time and the
+ratio peer time / gpucoll time after nccl-tests' columns. torch peers time the slowest rank's loop / iters (as
+bench/compare_peers.py), after a stream synchronize on CUDA; the nccl peer is gpucoll-bench's own out-of-place
+time for the row.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 PEERS = ("gloo", "torch", "nccl")
 GLOO_COLLS = ("all_reduce", "broadcast", "reduce", "all_gather")
+TORCH_NCCL_COLLS = (*GLOO_COLLS, "reduce_scatter", "all_to_all")
 _TORCH_DTYPES = {"float": "float32", "half": "float16", "double": "float64"}
-_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX"}  # gloo has no avg
+_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}  # gloo has no avg
+
+
+def resolve(peer: str, backend: str) -> tuple[str, str | None]:
+    """(the peer that runs, a note for the table or None): --compare torch on a host run is gloo."""
+    if peer == "torch" and backend == "host":
+        return "gloo", ("--compare torch on the host backend: torch.distributed with gloo (torch's CPU backend); "
+                        "with --backend nccl or custom it is torch.distributed with NCCL on CUDA tensors")
+    return peer, None
 
 
 def unavailable(peer: str, coll: str, backend: str) -> str | None:
     """Why --compare `peer` cannot run here, or None."""
-    if peer in ("torch", "nccl"):
-        return (f"--compare {peer} needs a GPU (it times torch.distributed's NCCL on CUDA tensors) and gpucoll "
-                f"benchmarks the {backend} backend here; use --compare gloo to compare with a CPU peer")
-    if backend != "host":
-        return f"--compare gloo compares with gpucoll's host backend only (got --backend {backend})"
-    if coll not in GLOO_COLLS:
-        return f"--compare gloo supports {', '.join(GLOO_COLLS)}; not {coll}"
+    if peer == "nccl":
+        if backend != "custom":
+            return (f"--compare nccl compares gpucoll's own kernels (--backend custom) with NCCL at the same ranks; "
+                    f"with --backend {backend} use " + ("--compare torch" if backend == "nccl" else "--compare gloo"))
+        from gpucoll.bench.cli import UsageError, resolve_backend
+
+        try:
+            resolve_backend("nccl")
+        except UsageError as e:
+            return f"--compare nccl: {e}"
+        return None
+    if peer == "torch":
+        if backend == "host":
+            return "--compare torch on the host backend runs gloo: use --compare gloo"
+        colls, what = TORCH_NCCL_COLLS, "--compare torch (torch.distributed with NCCL)"
+    else:
+        if backend != "host":
+            return (f"--compare gloo compares with gpucoll's host backend only (got --backend {backend}); use "
+                    f"--compare torch for torch.distributed with NCCL on CUDA tensors")
+        colls, what = GLOO_COLLS, "--compare gloo"
+    if coll not in colls:
+        return f"{what} supports {', '.join(colls)}; not {coll}"
     try:
         import torch.distributed as dist
     except ImportError:
-        return "--compare gloo needs torch (pip install torch)"
-    if not dist.is_available() or not dist.is_gloo_available():
+        return f"{what} needs torch (pip install torch)"
+    if not dist.is_available():
+        return f"{what}: this torch has no torch.distributed"
+    if peer == "gloo" and not dist.is_gloo_available():
         return "--compare gloo: this torch has no gloo backend"
+    if peer == "torch" and not dist.is_nccl_available():
+        return "--compare torch: this torch has no NCCL backend (a CPU-only torch?): install a CUDA build of torch"
     return None
+
+
+def measure(peer: str, p, nranks: int) -> dict:
+    """{(type, redop, nbytes): seconds} for every row of p, measured with `peer` on `nranks` ranks."""
+    if peer == "nccl":
+        return run_gpucoll_nccl(p, nranks)
+    return run_torch(p, nranks, "nccl" if peer == "torch" else "gloo")
 
 
 def plan(p, nranks: int) -> list[tuple]:
@@ -50,38 +93,56 @@ def plan(p, nranks: int) -> list[tuple]:
     return out
 
 
-def _gloo_rank(rank, nranks, port, coll, root, rows, warmup, iters, results):
+def _torch_rank(rank, nranks, port, backend, env, coll, root, rows, warmup, iters, results):
+    os.environ.update(env)  # before torch initialises NCCL in this process
     import torch
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nranks)
+        cuda = backend == "nccl"
+        device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nranks,
+                                **({"device_id": device} if cuda else {}))
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
         out = {}
         for name, op, nbytes, nsend, nrecv in rows:
             tdt = getattr(torch, _TORCH_DTYPES.get(name, name), None)
-            if tdt is None or (coll in ("all_reduce", "reduce") and op not in _OPS):
+            if tdt is None or (coll in ("all_reduce", "reduce", "reduce_scatter") and op not in _OPS):
                 continue
             red = getattr(dist.ReduceOp, _OPS.get(op, "SUM"))
-            x = torch.ones(nsend, dtype=tdt)
-            y = torch.zeros(nrecv, dtype=tdt)
-            call = {"all_reduce": lambda: dist.all_reduce(x, op=red),
-                    "broadcast": lambda: dist.broadcast(x, src=root),
-                    "reduce": lambda: dist.reduce(x, dst=root, op=red),
-                    "all_gather": lambda: dist.all_gather_into_tensor(y, x)}[coll]
+            x = torch.ones(nsend, dtype=tdt, device=device)
+            y = torch.zeros(nrecv, dtype=tdt, device=device)
+            call = _torch_call(dist, coll, x, y, red, root)
             try:
                 for _ in range(max(1, warmup)):
                     call()
+                sync()
             except (RuntimeError, ValueError, TypeError):  # a dtype/op this peer does not support: N/A
                 continue
             dist.barrier()
+            sync()
             t0 = time.perf_counter()
             for _ in range(iters):
                 call()
+            sync()
             out[(name, op, nbytes)] = (time.perf_counter() - t0) / iters
         dist.destroy_process_group()
         results.put((rank, out, None))
     except BaseException as e:  # noqa: BLE001 - report to the parent
         results.put((rank, None, f"{type(e).__name__}: {e}"))
+
+
+def _torch_call(dist, coll: str, x, y, red, root: int):
+    """One call of `coll` through torch.distributed on these tensors (nccl-tests' layouts: y is the output)."""
+    calls = {"all_reduce": lambda: dist.all_reduce(x, op=red),
+             "broadcast": lambda: dist.broadcast(x, src=root),
+             "reduce": lambda: dist.reduce(x, dst=root, op=red),
+             "all_gather": lambda: dist.all_gather_into_tensor(y, x),
+             "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x, op=red),
+             "all_to_all": lambda: dist.all_to_all_single(y, x)}
+    return calls[coll]
 
 
 def run_local_ranks(target, nranks: int, args: tuple, timeout: float, what: str) -> dict:
@@ -113,9 +174,31 @@ def run_local_ranks(target, nranks: int, args: tuple, timeout: float, what: str)
     return got
 
 
-def run_gloo(p, nranks: int) -> dict:
-    """{(type, redop, nbytes): seconds} measured with torch.distributed gloo on `nranks` spawned processes."""
-    got = run_local_ranks(_gloo_rank, nranks, (p.coll, p.root, plan(p, nranks), p.warmup_iters, p.iters),
-                          p.timeout, "--compare gloo")
+def run_torch(p, nranks: int, backend: str) -> dict:
+    """{(type, redop, nbytes): seconds} measured with torch.distributed (`backend`: gloo or nccl) on `nranks`
+    spawned processes."""
+    env = {}
+    if backend == "nccl":
+        from gpucoll import _C
+        from gpucoll._nccl_backend import MULTI_RANK_ENV
+
+        if nranks > int(_C.cuda_probe().get("device_count") or 0):
+            env[MULTI_RANK_ENV] = "1"  # torch's NCCL must allow ranks to share a GPU (NCCL >= 2.30)
+    got = run_local_ranks(_torch_rank, nranks, (backend, env, p.coll, p.root, plan(p, nranks), p.warmup_iters,
+                                                p.iters), p.timeout, f"--compare ({backend} through torch.distributed)")
     keys = set.intersection(*(set(t) for t in got.values()))
     return {k: max(got[r][k] for r in got) for k in keys}
+
+
+def run_gpucoll_nccl(p, nranks: int) -> dict:
+    """{(type, redop, nbytes): seconds}: gpucoll-bench's own out-of-place times on the nccl backend, no check."""
+    import copy
+
+    from gpucoll.bench import harness
+
+    q = copy.deepcopy(p)
+    q.backend, q.backend_label, q.compare, q.peer_times = "nccl", "nccl", None, {}
+    q.quiet, q.progress, q.check, q.algos, q.algo_all, q.graph = True, False, 0, ["auto"], False, 0
+    rows = harness.run_local(harness.run_rank, q, nranks, (q,))[0]["rows"]
+    return {(r["type"], r["redop"], r["size"]): r["out_of_place"]["time"] / 1e6 for r in rows
+            if r["out_of_place"]["time"] is not None}

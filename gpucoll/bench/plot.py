@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional
 
 
 def _blocks(doc: dict, label: str = "") -> dict:
@@ -28,7 +27,8 @@ def _blocks(doc: dict, label: str = "") -> dict:
         parts = [label] if label else []
         if len(colls) > 1:
             parts.append(r.get("collective", ""))
-        parts.append(f"{backend}:{r.get('algo')}" if backend else str(r.get("algo")))
+        b_name = r.get("backend") or backend  # rows of a backend sweep each name theirs
+        parts.append(f"{b_name}:{r.get('algo')}" if b_name else str(r.get("algo")))
         if len(types) > 1:
             parts.append(f"{r.get('type')}/{r.get('redop')}")
         b = out.setdefault(" ".join(p for p in parts if p), {"sizes": [], "busbw": [], "time": [], "peer_sizes": [],
@@ -45,7 +45,7 @@ def _blocks(doc: dict, label: str = "") -> dict:
     return out
 
 
-def plot_docs(docs: list[tuple[str, dict]], path: Optional[str] = None, title: Optional[str] = None):
+def plot_docs(docs: list[tuple[str, dict]], path: str | None = None, title: str | None = None):
     """One figure, two panels (busbw, time) vs size; one solid line per block of each (label, doc), one dashed
     line per block's peer. Writes `path` (PNG) when given and returns the Figure."""
     import matplotlib

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Optional
 
 # printf-style formats on purpose in this file: they are nccl-tests' own, so the columns match by construction.
 # nccl-tests' header, column for column (non-per-iteration mode, no timestamps: tsPad 0, tsLbl "").
@@ -47,10 +46,10 @@ def float_str(value: float, width: int) -> str:
 
 
 def row_preamble(nbytes: int, count: int, type_name: str, op_name: str, root: int) -> str:
-    return _ROW_PREAMBLE % (nbytes, count, type_name, op_name, "%6i" % root)
+    return _ROW_PREAMBLE % (nbytes, count, type_name, op_name, "%6i" % root)  # noqa: UP031 - nccl-tests' printf format
 
 
-def row_body(time_us: float, algbw: float, busbw: float, wrong: Optional[int]) -> str:
+def row_body(time_us: float, algbw: float, busbw: float, wrong: int | None) -> str:
     t, a, b = float_str(time_us, 7), float_str(algbw, 6), float_str(busbw, 6)
     if wrong is None:
         return _ROW_BODY_NOCHECK % (t, a, b)
@@ -62,18 +61,18 @@ def row_body_not_run() -> str:
     return _ROW_BODY_NOCHECK % ("N/A", "N/A", "N/A")
 
 
-def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: Optional[dict[str, float]] = None,
-                 min_busbw: Optional[float] = None) -> list[str]:
+def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: dict[str, float] | None = None,
+                 min_busbw: float | None = None) -> list[str]:
     lines = []
     if per_algo and len(per_algo) > 1:
         # Extra lines (ours) before nccl-tests' two, so parsers that look for "Avg bus bandwidth" still find one.
         for algo, bw in per_algo.items():
-            lines.append("# %-20s : %g\n" % (f"Avg busbw {algo}", bw))
+            lines.append("# %-20s : %g\n" % (f"Avg busbw {algo}", bw))  # noqa: UP031 - nccl-tests' printf format
     lines += [
-        "# %-20s : %d %s\n" % ("Out of bounds values", errors, "FAILED" if errors else "OK"),
+        "# %-20s : %d %s\n" % ("Out of bounds values", errors, "FAILED" if errors else "OK"),  # noqa: UP031 - nccl-tests' printf format
         # nccl-tests prints "%g %s" with an empty verdict when NCCL_TESTS_MIN_BW is unset: a trailing space.
         # With a minimum (--min-busbw, nccl-tests' NCCL_TESTS_MIN_BW) the verdict is OK or FAILED as in nccl-tests.
-        "# %-20s : %g %s\n" % ("Avg bus bandwidth", avg_busbw,
+        "# %-20s : %g %s\n" % ("Avg bus bandwidth", avg_busbw,  # noqa: UP031 - nccl-tests' printf format
                                "" if min_busbw is None else ("FAILED" if avg_busbw < min_busbw else "OK")),
         "#\n",
         f"# Collective test concluded: {program}\n",
@@ -88,12 +87,13 @@ def preamble_lines(program: str, version: str, params, nranks: int, backend: str
         f"# gpucoll-bench (gpucoll {version}, nccl-tests format) backend: {backend} algo: {','.join(algos)}\n",
         f"# Collective test starting: {program}\n",
         (f"# nThread 1 nGpus 1 minBytes {params.minbytes} maxBytes {params.maxbytes} step: {step} warmup iters: "
-         f"{params.warmup_iters} iters: {params.iters} agg iters: 1 validation: {params.check} graph: 0 unalign: 0\n"),
+         f"{params.warmup_iters} iters: {params.iters} agg iters: 1 validation: {params.check} graph: "
+         f"{getattr(params, 'graph', 0)} unalign: 0\n"),
         "#\n",
         "# Using devices\n",
     ]
     for r in ranks:
-        lines.append("#  Rank %2d Group %2d Pid %6d on %10s device %s\n"
+        lines.append("#  Rank %2d Group %2d Pid %6d on %10s device %s\n"  # noqa: UP031 - nccl-tests' printf format
                      % (r["rank"], 0, r["pid"], r["hostname"], r["device"]))
     return lines
 
@@ -126,6 +126,31 @@ def json_result(time_us: float | None, algbw: float | None, busbw: float | None,
     return {"time": time_us, "alg_bw": algbw, "bus_bw": busbw, "nwrong": None if wrong is None else float(wrong)}
 
 
+def merge_docs(docs: list[dict]) -> dict:
+    """One document for a sweep of backends (--backend a,b): the first run's config and environment, every run's
+    rows (each row names its backend), devices tagged with their backend, and the totals over the runs.
+    environment.backend is the comma-joined list; environment.backends and environments keep each run's."""
+    import copy
+
+    out = copy.deepcopy(docs[0])
+    backends = [d.get("environment", {}).get("backend", "") for d in docs]
+    out["environment"]["backend"] = ",".join(backends)
+    out["environment"]["backends"] = backends
+    out["environments"] = [d.get("environment", {}) for d in docs]
+    out["results"] = [r for d in docs for r in d.get("results", [])]
+    out["devices"] = [dict(dev, backend=b) for d, b in zip(docs, backends) for dev in d.get("devices", [])]
+    errors = sum(d.get("out_of_bounds", {}).get("count", 0) for d in docs)
+    out["out_of_bounds"] = {"count": errors, "okay": errors == 0}
+    bws = [d.get("average_bus_bandwidth", {}) for d in docs]
+    per = {f"{b}:{a}": v for b, bw in zip(backends, bws) for a, v in bw.get("per_algo", {}).items()}
+    avg = sum(bw.get("bandwidth", 0.0) for bw in bws) / len(bws)
+    oks = [bw.get("okay") for bw in bws]
+    out["average_bus_bandwidth"] = {"bandwidth": avg, "per_algo": per, "per_backend": dict(zip(backends, (
+        bw.get("bandwidth", 0.0) for bw in bws))), "min": bws[0].get("min"),
+        "okay": "unchecked" if "unchecked" in oks else all(oks)}
+    return out
+
+
 def write_json(path: str, doc: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -147,7 +172,7 @@ def header_lines_peer(peer: str) -> list[str]:
             base[3].rstrip("\n") + (_PEER_HDR % ("(us)", "")) + "\n"]
 
 
-def row_peer(peer_time_us: Optional[float], ratio: Optional[float]) -> str:
+def row_peer(peer_time_us: float | None, ratio: float | None) -> str:
     return _PEER_HDR % ("N/A" if peer_time_us is None else float_str(peer_time_us, 9),
                         "N/A" if ratio is None else float_str(ratio, 6))
 
@@ -176,8 +201,7 @@ def write_csv(path: str, doc: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", newline="") as f:
         f.write(f"# program: {doc.get('program', '')}\n")
-        for key, value in doc.get("environment", {}).items():
-            f.write(f"# environment.{key}: {json.dumps(value, sort_keys=True)}\n")
+        f.writelines(f"# environment.{key}: {json.dumps(value, sort_keys=True)}\n" for key, value in doc.get("environment", {}).items())
         w = csv.DictWriter(f, fieldnames=columns, restval="")
         w.writeheader()
         for r in rows:

@@ -121,7 +121,10 @@ def test_all_expands_in_nccl_tests_order(monkeypatch):
     (["-o", "xor"], "unknown op 'xor'"),
     (["-n", "0"], "must be >= 1"),
     (["--algo", "nosuch"], "unknown --algo 'nosuch'"),
-    (["--backend", "mpi"], "invalid choice"),
+    (["--backend", "mpi"], "unknown backend 'mpi'"),
+    (["--backend", "host,gloo"], "unknown backend 'gloo'"),
+    (["-z", "2"], "invalid choice"),
+    (["-G", "-1"], "must be >= 0"),
     (["-f", "1", "-i", "0"], "stepbytes must be above 0"),
 ])
 def test_bad_usage_is_a_clear_argparse_error(argv, message, capsys):

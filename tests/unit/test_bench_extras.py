@@ -56,9 +56,18 @@ def test_peer_header_keeps_nccl_tests_columns():
     assert ext[2].split()[-2:] == ["gloo", "ratio"]
 
 
-def test_compare_gpu_peer_needs_gpu(capsys):
+def test_compare_peers_say_what_they_mean(capsys):
+    # nccl compares gpucoll's own kernels with NCCL: on a host run it says what to use instead.
     assert cli.main(["all_reduce", "-b", "1K", "-e", "1K", "--compare", "nccl"]) == cli.EXIT_USAGE
-    assert "needs a GPU" in capsys.readouterr().err
+    assert "--backend custom" in capsys.readouterr().err
+    # torch on a host run is torch's gloo, said in a note; on a GPU run it is torch.distributed with NCCL.
+    from gpucoll.bench import peers
+
+    peer, note = peers.resolve("torch", "host")
+    assert peer == "gloo" and "gloo" in note
+    assert peers.resolve("torch", "nccl") == ("torch", None)
+    assert "all_to_all" in peers.unavailable("gloo", "all_to_all", "host")
+    assert "--compare torch" in peers.unavailable("gloo", "all_reduce", "nccl")
 
 
 def test_plot_png_and_lines(run2, tmp_path):

@@ -84,8 +84,12 @@ class DataContext:
     algo: str
     counts: Counts
     in_place: bool
-    send: np.ndarray  # storage views (in place: both inside the receive buffer, see Counts)
+    send: np.ndarray  # host storage views (in place: both inside the receive buffer, see Counts)
     recv: np.ndarray
+    # copy(dst, src) between the objects run() is given (NumPy, torch or CuPy views, maybe on a GPU): a plugin
+    # that copies inside its timed call (broadcast out of place) uses this, never ctx.send/ctx.recv, which are
+    # the host mirrors of a CUDA run.
+    copy: Callable[[Any, Any], None] = np.copyto
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,6 @@ broadcast. The copy is part of the timed call, as it is part of NCCL's out-of-pl
 
 from __future__ import annotations
 
-import numpy as np
-
 from gpucoll.bench.colls import CollTest, Counts, DataContext, Expect, fill, poison, sequence
 
 
@@ -34,7 +32,7 @@ def get_bw(count: int, itemsize: int, sec: float, nranks: int):
 
 def run(comm, send, recv, ctx: DataContext):
     if not ctx.in_place and ctx.rank == ctx.root:
-        np.copyto(ctx.recv, ctx.send)
+        ctx.copy(recv, send)
     return comm.broadcast(recv, root=ctx.root, algo=ctx.algo)
 
 

@@ -1,0 +1,273 @@
+"""Where gpucoll-bench's buffers live, and how a run on them is timed: host memory (NumPy) or CUDA memory.
+
+The collective plugins (colls/) fill inputs and check outputs on NumPy views of host buffers, with the exact
+integer patterns of colls/__init__.py. On the host backend those buffers are the ones the collective runs on.
+On a CUDA run each host buffer has a device twin of the same size: the harness uploads the byte spans a row
+uses after init_data, runs the collective on views of the twin, and downloads the spans back before counting
+wrong elements, so every backend is checked by the same code on the same inputs, bit for bit.
+
+CUDA memory comes from torch when it can use the GPU (its caching allocator owns the memory budget of a torch
+program), else from CuPy. Times are CUDA events recorded on the stream the collective runs on: the caller's
+current stream (where gpucoll's nccl backend orders its work), or the stream a virtual rank was given.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+_TORCH_NAMES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64", "half": "float16",
+                "float": "float32", "double": "float64", "bfloat16": "bfloat16"}
+
+
+class HostMem:
+    """NumPy buffers; the device buffer is the host buffer, so upload and download do nothing."""
+
+    kind = "host"
+    label = "cpu"
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)
+
+    def twin(self, host: np.ndarray):
+        return host
+
+    def view(self, raw, first: int, nbytes: int, dt):
+        return dt.wrap(raw[first:first + nbytes].view(dt.storage))
+
+    def upload(self, host: np.ndarray, dev, first: int, stop: int) -> None:
+        pass
+
+    def download(self, dev, host: np.ndarray, first: int, stop: int) -> None:
+        pass
+
+    def copy(self, dst, src) -> None:
+        if hasattr(dst, "copy_"):  # a torch view (bfloat16)
+            dst.copy_(src)
+        else:
+            np.copyto(dst, src)
+
+    def synchronize(self) -> None:
+        pass
+
+    def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
+        comm.all_reduce(arr, op=op)
+
+    def timer(self):
+        return _WallTimer(self.synchronize)
+
+    def capture(self, fn):
+        raise NotImplementedError("CUDA graphs need CUDA buffers")
+
+
+class StagedHostMem(HostMem):
+    """Host memory with a separate "device" twin: the CUDA path's upload/download staging, runnable on a CPU
+    (tests use it to prove every row uploads its inputs and downloads its outputs)."""
+
+    kind = "staged"
+
+    def twin(self, host: np.ndarray):
+        return np.zeros_like(host)
+
+    def upload(self, host, dev, first: int, stop: int) -> None:
+        dev[first:stop] = host[first:stop]
+
+    def download(self, dev, host, first: int, stop: int) -> None:
+        host[first:stop] = dev[first:stop]
+
+
+class _WallTimer:
+    def __init__(self, sync):
+        self._sync = sync
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        return time.perf_counter() - self._t0
+
+
+class CudaMem(HostMem):
+    """CUDA buffers on `device` from torch (preferred) or CuPy, timed with CUDA events on `stream` (None: the
+    current stream of the framework, the one gpucoll's nccl backend runs on; "device": unknown streams, so a
+    device-wide synchronize around a host timer)."""
+
+    kind = "cuda"
+
+    def __init__(self, device: int, stream=None, lib: str | None = None):
+        self.device = int(device)
+        self.lib = lib or cuda_lib()
+        if self.lib is None:
+            raise RuntimeError("CUDA buffers need torch with CUDA or CuPy with a usable GPU")
+        self._stream = stream
+        if self.lib == "torch":
+            import torch
+
+            self._torch = torch
+            self.label = f"cuda:{self.device} {torch.cuda.get_device_name(self.device)}"
+        else:
+            import cupy
+
+            self._cupy = cupy
+            props = cupy.cuda.runtime.getDeviceProperties(self.device)
+            name = props.get("name", b"")
+            self.label = f"cuda:{self.device} {name.decode() if isinstance(name, bytes) else name}"
+
+    # -- memory ---------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)  # the host mirror the plugins fill and check
+
+    def twin(self, host: np.ndarray):
+        if self.lib == "torch":
+            return self._torch.zeros(host.size, dtype=self._torch.uint8, device=f"cuda:{self.device}")
+        with self._cupy.cuda.Device(self.device):
+            return self._cupy.zeros(host.size, dtype=self._cupy.uint8)
+
+    def view(self, raw, first: int, nbytes: int, dt):
+        part = raw[first:first + nbytes]
+        if self.lib == "torch":
+            return part.view(getattr(self._torch, _TORCH_NAMES[dt.name]))
+        if dt.name == "bfloat16":
+            raise RuntimeError("bfloat16 CUDA buffers need torch (CuPy has no bfloat16)")
+        return part.view(dt.storage)
+
+    def upload(self, host, dev, first: int, stop: int) -> None:
+        if stop <= first:
+            return
+        if self.lib == "torch":
+            dev[first:stop].copy_(self._torch.from_numpy(host[first:stop]), non_blocking=False)
+        else:
+            with self._cupy.cuda.Device(self.device):
+                dev[first:stop].set(host[first:stop])
+        self.synchronize()
+
+    def download(self, dev, host, first: int, stop: int) -> None:
+        if stop <= first:
+            return
+        self.synchronize()
+        if self.lib == "torch":
+            host[first:stop] = dev[first:stop].cpu().numpy()
+        else:
+            with self._cupy.cuda.Device(self.device):
+                host[first:stop] = dev[first:stop].get()
+
+    def copy(self, dst, src) -> None:
+        if self.lib == "torch":
+            dst.copy_(src)
+        else:
+            self._cupy.copyto(dst, src)
+
+    # -- streams, time, graphs ------------------------------------------------------------------------------
+    def stream(self):
+        if self._stream is not None and self._stream != "device":
+            return self._stream
+        if self.lib == "torch":
+            return self._torch.cuda.current_stream(self.device)
+        with self._cupy.cuda.Device(self.device):
+            return self._cupy.cuda.get_current_stream()
+
+    def synchronize(self) -> None:
+        if self._stream != "device":
+            self.stream().synchronize()
+        elif self.lib == "torch":
+            self._torch.cuda.synchronize(self.device)
+        else:
+            self._cupy.cuda.Device(self.device).synchronize()
+
+    def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
+        """Cross-rank bookkeeping (times, wrong counts, rank info) through the communicator under test, on
+        CUDA memory: gpucoll's GPU backends refuse host arrays. A communicator that reduces host arrays itself
+        (virtual ranks) says so with `reduces_host_arrays`."""
+        if getattr(comm, "reduces_host_arrays", False):
+            comm.all_reduce(arr, op=op)
+            return
+        raw = arr.view(np.uint8).reshape(-1)
+        dev = self.twin(raw)
+        self.upload(raw, dev, 0, raw.size)
+        if self.lib == "torch":
+            typed = dev.view(getattr(self._torch, arr.dtype.name))  # int64, float64, uint8: same names
+        else:
+            typed = dev.view(arr.dtype)
+        comm.all_reduce(typed, op=op)
+        self.download(dev, raw, 0, raw.size)
+
+    def timer(self):
+        # "device": the collective runs on streams this process does not know (virtual ranks without
+        # vr.streams): time the host around a device-wide synchronize instead.
+        return _WallTimer(self.synchronize) if self._stream == "device" else _EventTimer(self)
+
+    def capture(self, fn):
+        """Capture fn() (collectives issued on this run's buffers) into a CUDA graph; returns a callable that
+        launches the graph on the current stream."""
+        if self.lib == "torch":
+            torch = self._torch
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.device(self.device), torch.cuda.graph(graph):
+                fn()
+            return graph.replay
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            side = cupy.cuda.Stream(non_blocking=True)
+            with side:
+                side.begin_capture()
+                try:
+                    fn()
+                finally:
+                    graph = side.end_capture()
+        return lambda: graph.launch(self.stream())
+
+
+class _EventTimer:
+    """Elapsed time between two CUDA events on the run's stream (nccl-tests times the host around a stream
+    synchronize; events leave the launch of the first call out, which is what -G's graph launches amortise)."""
+
+    def __init__(self, mem: CudaMem):
+        self._mem = mem
+        if mem.lib == "torch":
+            ev = mem._torch.cuda.Event
+        else:
+            ev = mem._cupy.cuda.Event
+        self._start, self._end = (ev(enable_timing=True) if mem.lib == "torch" else ev(disable_timing=False)
+                                  for _ in range(2))
+
+    def start(self) -> None:
+        self._start.record(self._mem.stream())
+
+    def stop(self) -> float:
+        self._end.record(self._mem.stream())
+        self._end.synchronize()
+        if self._mem.lib == "torch":
+            return self._start.elapsed_time(self._end) / 1e3
+        return self._mem._cupy.cuda.get_elapsed_time(self._start, self._end) / 1e3
+
+
+def cuda_lib() -> str | None:
+    """Which framework allocates CUDA buffers here: "torch" (with a usable GPU), "cupy", or None."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "torch"
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        if cupy.cuda.is_available():
+            return "cupy"
+    except ImportError:
+        pass
+    return None
+
+
+def for_comm(comm, staged: bool = False):
+    """The memory of a run on `comm`: CUDA on the GPU backends (the communicator's device, or a virtual rank's
+    device and stream), else host (staged: with a separate twin, for tests)."""
+    if comm.backend in ("nccl", "custom") and str(getattr(comm, "device", "cpu")).startswith("cuda"):
+        device = int(str(comm.device).split(":", 1)[1])
+        return CudaMem(device, stream=getattr(comm, "bench_stream", None))
+    return StagedHostMem() if staged else HostMem()
