@@ -407,7 +407,6 @@ def _peer(p: Params, n: int) -> None:
 
 def _run(p: Params, requested: str) -> list:
     """One backend's run; the results of the ranks in this process (all of them unless under a launcher)."""
-    import gpucoll
     from gpucoll.bench import harness
 
     which = launcher()
@@ -424,7 +423,7 @@ def _run(p: Params, requested: str) -> list:
             raise UsageError("--compare spawns the peer's ranks itself: use --nranks N instead of a launcher")
         p.launch = which
         _fit_memory(p, info.local_world_size or 1)
-        comm = gpucoll.init(backend=p.backend, timeout=p.timeout)
+        comm = _launcher_comm(p, info)
         try:
             return [harness.run_rank(comm, p)]
         finally:
@@ -438,6 +437,51 @@ def _run(p: Params, requested: str) -> list:
         p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, running local ranks")
     _fit_memory(p, n)
     return harness.run_local(harness.run_rank, p, n, (p,))
+
+
+class _SharedStore:
+    """The launcher's rendezvous store, kept open across the communicators of a --backend sweep: each init over
+    it takes its own keys, and closing one communicator must not close the store the next one meets through (a
+    fresh store on the launcher's port would race the old one's socket). main() closes the real one at the end."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def close(self) -> None:
+        pass
+
+
+_LAUNCH_STORES: list = []  # the real store of this process's launcher run (at most one)
+
+
+def _launcher_comm(p: Params, info):
+    from gpucoll.bootstrap import TCPStore
+    from gpucoll.communicator import init_from_store
+
+    if not _LAUNCH_STORES and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        # torchrun's agent already serves a store on MASTER_PORT (a second server there cannot bind): meet
+        # through it as its workers' init_process_group does.
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        from gpucoll.bootstrap.external import TorchStore
+
+        agent = dist.TCPStore(info.address, info.port, info.world_size, is_master=False,
+                              timeout=timedelta(seconds=p.timeout))
+        _LAUNCH_STORES.append(TorchStore(agent, p.timeout))
+    if not _LAUNCH_STORES:
+        _LAUNCH_STORES.append(TCPStore(info.address, info.port, is_server=info.rank == 0, timeout=p.timeout))
+    return init_from_store(_SharedStore(_LAUNCH_STORES[0]), info.rank, info.world_size, backend=p.backend,
+                           timeout=p.timeout)
+
+
+def _close_launch_stores() -> None:
+    while _LAUNCH_STORES:
+        _LAUNCH_STORES.pop().close()
 
 
 def write_outputs(p: Params, docs: list) -> None:
@@ -509,14 +553,17 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         return _failed(e)
     status, docs = EXIT_OK, []
-    for asked, q in plan:
-        try:
-            results = _run(q, asked)
-        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - any failure of the run: one clear line
-            return _failed(e)
-        status = max(status, exit_status(results, q.min_busbw))
-        if results and results[0] and results[0].get("doc"):
-            docs.append(results[0]["doc"])
+    try:
+        for asked, q in plan:
+            try:
+                results = _run(q, asked)
+            except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - any failure of the run: one clear line
+                return _failed(e)
+            status = max(status, exit_status(results, q.min_busbw))
+            if results and results[0] and results[0].get("doc"):
+                docs.append(results[0]["doc"])
+    finally:
+        _close_launch_stores()
     if docs:
         write_outputs(p, docs)
     return status

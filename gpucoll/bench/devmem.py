@@ -52,7 +52,13 @@ class HostMem:
         pass
 
     def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
-        comm.all_reduce(arr, op=op)
+        """Cross-rank bookkeeping (times, wrong counts, rank info) on a small host array, in place. A
+        communicator that reduces host arrays itself (virtual ranks) has host_all_reduce."""
+        own = getattr(comm, "host_all_reduce", None)
+        if own is not None:
+            own(arr, op)
+        else:
+            comm.all_reduce(arr, op=op)
 
     def timer(self):
         return _WallTimer(self.synchronize)
@@ -179,11 +185,9 @@ class CudaMem(HostMem):
             self._cupy.cuda.Device(self.device).synchronize()
 
     def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
-        """Cross-rank bookkeeping (times, wrong counts, rank info) through the communicator under test, on
-        CUDA memory: gpucoll's GPU backends refuse host arrays. A communicator that reduces host arrays itself
-        (virtual ranks) says so with `reduces_host_arrays`."""
-        if getattr(comm, "reduces_host_arrays", False):
-            comm.all_reduce(arr, op=op)
+        """As HostMem's, through a CUDA copy of `arr`: gpucoll's GPU backends refuse host arrays."""
+        if hasattr(comm, "host_all_reduce"):
+            super().reduce_small(comm, arr, op)
             return
         raw = arr.view(np.uint8).reshape(-1)
         dev = self.twin(raw)

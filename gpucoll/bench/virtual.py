@@ -49,8 +49,9 @@ def problem(coll: str | None = None) -> str | None:
                 "gpucoll does not have; use --backend nccl (or --backend host)")
     if devmem.cuda_lib() is None:
         return "--backend custom allocates CUDA buffers with torch or CuPy: install one with CUDA support"
-    if coll is not None and coll not in SUPPORTED:
-        return f"--backend custom runs {', '.join(SUPPORTED)}; not {coll} (use --backend nccl)"
+    factory = _factory()
+    if coll is not None and (coll not in SUPPORTED or (isinstance(factory, type) and not hasattr(factory, coll))):
+        return f"--backend custom (gpucoll's own kernels) does not run {coll}: use --backend nccl"
     return None
 
 
@@ -118,7 +119,6 @@ class VirtualComm:
     """One virtual rank, with the Communicator methods the harness calls."""
 
     backend = "custom"
-    reduces_host_arrays = True  # devmem.CudaMem.reduce_small: bookkeeping arrays stay on the host
 
     def __init__(self, world: _World, rank: int):
         self._world = world
@@ -130,7 +130,8 @@ class VirtualComm:
         res = self._world.exchange(self.rank, name, (x, out), _issue(self._world.vr, name, kwargs))
         return res if res is not None else (out if out is not None else x)
 
-    def _host_reduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+    def host_all_reduce(self, arr: np.ndarray, op: str = "sum") -> np.ndarray:
+        """The harness's bookkeeping (devmem reduce_small): a host array reduced over the virtual ranks."""
         reduced = self._world.exchange(self.rank, f"host {op}", arr.copy(),
                                        lambda vals: [_HOST_OPS[op](np.stack(vals))] * len(vals))
         arr[...] = reduced
@@ -140,8 +141,6 @@ class VirtualComm:
         self._world.exchange(self.rank, "barrier", None, lambda vals: None)
 
     def all_reduce(self, x, out=None, op="sum", algo="auto"):
-        if isinstance(x, np.ndarray):
-            return self._host_reduce(x, op)
         return self._call("all_reduce", x, out, op=op, algo=algo)
 
     def broadcast(self, x, root=0, algo="auto"):
