@@ -75,16 +75,27 @@ def merge_through_store(store, rank: int, world_size: int, local: Topology | Non
     ``store`` is a gpucoll bootstrap store (``set(key, bytes)``, ``get(key, timeout=...)``). A rank's view is
     named by its hostname, so ranks of one host collapse into one host entry and ranks are grouped by host.
     """
+    return exchange_through_store(store, rank, world_size, local, prefix=prefix, timeout=timeout)[0]
+
+
+def exchange_through_store(store, rank: int, world_size: int, local: Topology | None = None, extra=None,
+                           prefix: str = "gpucoll/topo", timeout: float | None = None):
+    """:func:`merge_through_store` that also carries one JSON-able record per rank (``extra``: this rank's, e.g.
+    its hostname and GPU); returns ``(merged topology, [every rank's record, by rank])``."""
     local = local if local is not None else detect()
     d = to_dict(local)
     if d["hosts"] and d["hosts"][0]["name"] in ("", "localhost"):
         d["hosts"][0]["name"] = socket.gethostname()
-    store.set(f"{prefix}/{rank}", json.dumps(d).encode())
-    views = []
+    store.set(f"{prefix}/{rank}", json.dumps({"topology": d, "extra": extra}).encode())
+    views, records = [], []
     for r in range(world_size):
         raw = store.get(f"{prefix}/{r}", timeout=timeout) if timeout is not None else store.get(f"{prefix}/{r}")
-        views.append(Topology.from_json(raw.decode()))
-    return merge(views)
+        doc = json.loads(raw.decode())
+        if "topology" not in doc:  # a bare topology document (an older writer)
+            doc = {"topology": doc, "extra": None}
+        views.append(Topology.from_json(json.dumps(doc["topology"])))
+        records.append(doc["extra"])
+    return merge(views), records
 
 
 def hosts_of_ranks(topo: Topology) -> dict:

@@ -1,7 +1,10 @@
 // Bindings of the topology value (csrc/topo/topology.h) and the topology-aware cost model (csrc/topo/cost.h).
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include "algo/registry.h"
+#include "algo/selector.h"
 #include "core/error.h"
 #include "python/bindings.h"
 #include "topo/cost.h"
@@ -35,12 +38,39 @@ py::dict candidate_dict(const topo::Candidate& c) {
   return d;
 }
 
-topo::Backends backends_arg(bool custom, bool nccl, bool host) {
-  topo::Backends b;
-  b.custom = custom;
-  b.nccl = nccl;
-  b.host = host;
-  return b;
+// The keyword arguments topo_candidates and topo_select share after (topology, coll, nbytes, dtype).
+struct CallArgs {
+  int per_node = 0, nodes = 0;
+  std::vector<int> gpus;  // a communicator's placement (rank r on gpus[r]); empty: make_layout's default
+  topo::Backends avail;
+  std::string tuning;
+};
+
+topo::Layout layout_arg(const topo::Topology& t, const CallArgs& a) {
+  if (a.gpus.empty()) return topo::make_layout(t, a.per_node, a.nodes);
+  return topo::make_layout(t, std::max(a.nodes, 1), a.per_node > 0 ? a.per_node : static_cast<int>(a.gpus.size()),
+                           a.gpus);
+}
+
+CallArgs call_args(int per_node, int nodes, bool custom, bool nccl, bool host, const std::string& tuning,
+                   const std::vector<int>& gpus, const py::dict& why, const std::vector<std::string>& custom_algorithms) {
+  CallArgs a;
+  a.per_node = per_node;
+  a.nodes = nodes;
+  a.gpus = gpus;
+  a.avail.custom = custom;
+  a.avail.nccl = nccl;
+  a.avail.host = host;
+  a.avail.custom_algorithms = custom_algorithms;
+  for (const auto& kv : why) {
+    const std::string k = py::str(kv.first), v = py::str(kv.second);
+    if (k == "custom") a.avail.custom_why = v;
+    else if (k == "nccl") a.avail.nccl_why = v;
+    else if (k == "host") a.avail.host_why = v;
+    else GPUCOLL_INVALID_ARG("why: keys are custom, nccl and host; got '", k, "'");
+  }
+  a.tuning = tuning;
+  return a;
 }
 
 topo::Tuning tuning_arg(const std::string& tuning_json) {
@@ -64,6 +94,10 @@ void bind_topo(py::module_& m) {
         return n;
       })
       .def("host_gpus", &topo::Topology::host_gpus, py::arg("host"))
+      .def("gpu_host", [](const topo::Topology& t, int g) { return t.gpus.at(static_cast<size_t>(g)).host; },
+           py::arg("gpu"))
+      .def("gpu_bus_id", [](const topo::Topology& t, int g) { return t.gpus.at(static_cast<size_t>(g)).bus_id; },
+           py::arg("gpu"))
       .def("link_class", [](const topo::Topology& t, int a, int b) {
         return std::string(topo::link_class_name(t.link(a, b).cls));
       }, py::arg("a"), py::arg("b"))
@@ -107,32 +141,41 @@ void bind_topo(py::module_& m) {
         return py::make_tuple(l.nodes, l.local, l.gpus);
       },
       py::arg("topology"), py::arg("nranks_per_node") = 0, py::arg("nodes") = 0);
+  // Shared keyword arguments: nranks_per_node, nodes (0: make_layout's defaults), gpus (explicit placement),
+  // custom/nccl/host (availability), why (backend -> why it is unavailable), custom_algorithms, tuning (JSON
+  // text; empty: GPUCOLL_TUNING_FILE).
   m.def(
       "topo_candidates",
       [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
-         int nodes, bool custom, bool nccl, bool host, const std::string& tuning) {
-        const topo::Layout l = topo::make_layout(t, per_node, nodes);
+         int nodes, bool custom, bool nccl, bool host, const std::string& tuning, const std::vector<int>& gpus,
+         const py::dict& why, const std::vector<std::string>& custom_algorithms, const std::string& host_algorithm) {
+        const CallArgs a = call_args(per_node, nodes, custom, nccl, host, tuning, gpus, why, custom_algorithms);
         py::list out;
-        for (const auto& c : topo::candidates(t, l, coll_arg(coll), nbytes, dtype, backends_arg(custom, nccl, host),
-                                              tuning_arg(tuning))) {
+        for (const auto& c : topo::candidates(t, layout_arg(t, a), coll_arg(coll), nbytes, dtype, a.avail,
+                                              tuning_arg(a.tuning), host_algorithm)) {
           out.append(candidate_dict(c));
         }
         return out;
       },
       py::arg("topology"), py::arg("coll"), py::arg("nbytes"), py::arg("dtype") = "float32",
       py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("custom") = true, py::arg("nccl") = true,
-      py::arg("host") = true, py::arg("tuning") = "");
+      py::arg("host") = true, py::arg("tuning") = "", py::arg("gpus") = std::vector<int>{},
+      py::arg("why") = py::dict(), py::arg("custom_algorithms") = std::vector<std::string>{},
+      py::arg("host_algorithm") = "");
   m.def(
       "topo_select",
       [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
-         int nodes, bool custom, bool nccl, bool host, const std::string& requested, const std::string& tuning) {
-        const topo::Layout l = topo::make_layout(t, per_node, nodes);
-        return candidate_dict(topo::select(t, l, coll_arg(coll), nbytes, dtype, backends_arg(custom, nccl, host),
-                                           requested, tuning_arg(tuning)));
+         int nodes, bool custom, bool nccl, bool host, const std::string& requested, const std::string& tuning,
+         const std::vector<int>& gpus, const py::dict& why, const std::vector<std::string>& custom_algorithms) {
+        const CallArgs a = call_args(per_node, nodes, custom, nccl, host, tuning, gpus, why, custom_algorithms);
+        return candidate_dict(
+            topo::select(t, layout_arg(t, a), coll_arg(coll), nbytes, dtype, a.avail, requested, tuning_arg(a.tuning)));
       },
       py::arg("topology"), py::arg("coll"), py::arg("nbytes"), py::arg("dtype") = "float32",
       py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("custom") = true, py::arg("nccl") = true,
-      py::arg("host") = true, py::arg("requested") = "auto", py::arg("tuning") = "");
+      py::arg("host") = true, py::arg("requested") = "auto", py::arg("tuning") = "",
+      py::arg("gpus") = std::vector<int>{}, py::arg("why") = py::dict(),
+      py::arg("custom_algorithms") = std::vector<std::string>{});
   m.def(
       "topo_model_terms",
       [](const std::string& backend, const std::string& algorithm, const std::string& coll, int nranks,
@@ -143,6 +186,9 @@ void bind_topo(py::module_& m) {
         return py::make_tuple(steps, per_byte);
       },
       py::arg("backend"), py::arg("algorithm"), py::arg("coll"), py::arg("nranks"), py::arg("local") = 0);
+  // GPUCOLL_ALGO's entry for one collective ("" when none), parsed by the host selector, its one reader.
+  m.def("topo_algo_override", [](const std::string& coll) { return algo::algo_override(coll_arg(coll)); },
+        py::arg("coll"));
   m.def("topo_busbw_factor", [](const std::string& coll, int n) { return topo::busbw_factor(coll_arg(coll), n); });
   m.def("topo_check_tuning", [](const std::string& text) { return topo::parse_tuning(text, "tuning").fits.size(); });
 }

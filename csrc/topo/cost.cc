@@ -2,18 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <functional>
 #include <mutex>
-#include <sstream>
 #include <tuple>
 
 #include "algo/checker.h"
 #include "algo/registry.h"
 #include "algo/selector.h"
-#include "core/config.h"
 #include "core/error.h"
-#include "topo/json.h"
 
 namespace gpucoll::topo {
 
@@ -61,7 +56,7 @@ struct Counts {
   bool ok = false;
   std::string error;
   int steps = 0;
-  double recv_per_byte = 0;
+  double per_byte = 0;  // the busiest rank's bytes (max of read and read-from) per message byte
 };
 
 const Counts& counts(const std::string& name, algo::Coll coll, int nranks, int local) {
@@ -89,7 +84,10 @@ const Counts& counts(const std::string& name, algo::Coll coll, int nranks, int l
     } else {
       c.ok = true;
       c.steps = r.nsteps;
-      c.recv_per_byte = static_cast<double>(r.max_bytes_recv()) / static_cast<double>(unit);
+      // The busiest rank's link carries what it reads and, for rooted patterns (scatter, broadcast by pull),
+      // what its peers read from it: the larger of the two bounds the time.
+      c.per_byte = static_cast<double>(std::max(r.max_bytes_recv(), r.max_bytes_sent())) /
+                        static_cast<double>(unit);
     }
   }
   return cache.emplace(key, c).first->second;
@@ -136,7 +134,7 @@ int dtype_size(const std::string& d) {
   static const std::map<std::string, int> sizes = {
       {"float32", 4}, {"float", 4}, {"float16", 2}, {"half", 2}, {"bfloat16", 2}, {"float64", 8}, {"double", 8},
       {"int8", 1},    {"uint8", 1}, {"int32", 4},   {"uint32", 4}, {"int64", 8},  {"uint64", 8},  {"float8_e4m3", 1},
-      {"float8_e5m2", 1}};
+      {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
   auto it = sizes.find(d);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -185,114 +183,45 @@ bool p2p_usable(const Topology& t, int a, int b, std::string* why) {
   return false;
 }
 
-std::vector<int> build_ring(const Topology& t, const std::vector<int>& gpus, bool require_p2p) {
-  const int n = static_cast<int>(gpus.size());
-  auto ok = [&](int a, int b) { return !require_p2p || p2p_usable(t, a, b, nullptr); };
-  if (n == 2 && !ok(gpus[0], gpus[1])) return {};
-  if (n <= 2) return gpus;
-  auto bw = [&](int a, int b) { return t.link(a, b).cls == LinkClass::kNET ? 1.0 : pair_bandwidth(t, a, b); };
-  if (n > 10) {
-    for (int i = 0; i < n; ++i) {
-      if (!ok(gpus[i], gpus[(i + 1) % n])) return {};
-    }
-    return gpus;
+namespace {
+
+// What NCCL runs for a collective, priced with our schedules' counts: all_reduce, all_gather and reduce_scatter
+// are rings (our ring schedule moves what NCCL's ring moves); all_to_all, gather and scatter are grouped
+// send/recv (our direct schedule). Broadcast and reduce are a pipelined chain along NCCL's ring, which none of
+// our schedules is: every rank receives the message once (bytes S) and the pipeline fills over P-1 hops.
+Counts nccl_counts(algo::Coll coll, int nranks, std::string* algorithm) {
+  if (coll == algo::Coll::kBroadcast || coll == algo::Coll::kReduce) {
+    *algorithm = "ring";
+    Counts c;
+    c.ok = true;
+    c.steps = std::max(nranks - 1, 1);
+    c.per_byte = nranks > 1 ? 1.0 : 0.0;
+    return c;
   }
-  // Exhaustive search with pruning: maximise the bottleneck, then the sum (more lanes used).
-  std::vector<int> best, cur{gpus[0]};
-  std::vector<bool> used(static_cast<size_t>(n), false);
-  used[0] = true;
-  double best_min = -1, best_sum = -1;
-  std::function<void(double, double)> dfs = [&](double mn, double sum) {
-    if (mn < best_min) return;
-    if (static_cast<int>(cur.size()) == n) {
-      if (!ok(cur.back(), cur[0])) return;
-      const double b = bw(cur.back(), cur[0]);
-      const double m = std::min(mn, b), s = sum + b;
-      if (m > best_min || (m == best_min && s > best_sum)) best_min = m, best_sum = s, best = cur;
-      return;
-    }
-    for (int i = 1; i < n; ++i) {
-      if (used[i] || !ok(cur.back(), gpus[i])) continue;
-      const double b = bw(cur.back(), gpus[i]);
-      used[i] = true;
-      cur.push_back(gpus[i]);
-      dfs(std::min(mn, b), sum + b);
-      cur.pop_back();
-      used[i] = false;
-    }
-  };
-  dfs(1e300, 0);
-  return best;
+  const bool ring = coll == algo::Coll::kAllReduce || coll == algo::Coll::kAllGather ||
+                    coll == algo::Coll::kReduceScatter;
+  *algorithm = ring ? "ring" : "direct";
+  return counts(*algorithm, coll, nranks, nranks);
 }
 
-Layout make_layout(const Topology& t, int per_node, int nodes) {
-  Layout l;
-  const int hosts = std::max<int>(1, static_cast<int>(t.hosts.size()));
-  l.nodes = nodes > 0 ? nodes : hosts;
-  GPUCOLL_CHECK_ARG(l.nodes <= hosts, "the topology has ", hosts, " host(s), ", l.nodes,
-                    " nodes requested (replicate a single-host topology with --nodes)");
-  int min_gpus = 1 << 30;
-  for (int h = 0; h < l.nodes; ++h) min_gpus = std::min<int>(min_gpus, static_cast<int>(t.host_gpus(h).size()));
-  l.local = per_node > 0 ? per_node : min_gpus;
-  GPUCOLL_CHECK_ARG(l.local >= 1 && l.local <= min_gpus, "ranks per node must be in [1, ", min_gpus,
-                    "] for this topology, got ", l.local);
-  for (int h = 0; h < l.nodes; ++h) {
-    const std::vector<int> ids = t.host_gpus(h);
-    l.gpus.insert(l.gpus.end(), ids.begin(), ids.begin() + l.local);
-  }
-  return l;
-}
+}  // namespace
 
 bool model_terms(const std::string& backend, const std::string& algorithm, algo::Coll coll, int nranks, int local,
                  int* steps, double* bytes_per_byte) {
-  // NCCL's ring and tree move what our ring/tree schedules move; NVLS is priced by bus bandwidth.
-  std::string sched = algorithm;
+  // NVLS is priced by bus bandwidth; NCCL's ring/direct by the schedules NCCL's pattern matches (nccl_counts).
   if (backend == "nccl" && algorithm == "nvls") {
     *steps = 2;
     *bytes_per_byte = busbw_factor(coll, nranks);
     return true;
   }
-  const Counts& c = counts(sched, coll, nranks, local > 0 ? local : nranks);
-  if (!c.ok) return false;
+  std::string nccl_algo;
+  const Counts c = backend == "nccl" && algorithm != "hierarchical" ? nccl_counts(coll, nranks, &nccl_algo)
+                                                                    : counts(algorithm, coll, nranks,
+                                                                             local > 0 ? local : nranks);
+  if (!c.ok || (!nccl_algo.empty() && nccl_algo != algorithm)) return false;
   *steps = c.steps;
-  *bytes_per_byte = c.recv_per_byte;
+  *bytes_per_byte = c.per_byte;
   return true;
-}
-
-Tuning parse_tuning(const std::string& text, const std::string& what) {
-  const Json root = Json::parse(text, what);
-  Tuning t;
-  t.path = what;
-  const Json& fits = root.at("fits", what);
-  for (const auto& kv : fits.items()) {
-    const std::string w = what + ": fits." + kv.first;
-    Fit f;
-    f.a_s = kv.second.at("a_s", w).as_number(w + ".a_s");
-    f.b_s_per_byte = kv.second.at("b_s_per_byte", w).as_number(w + ".b_s_per_byte");
-    GPUCOLL_CHECK_ARG(f.a_s >= 0 && f.b_s_per_byte > 0, w, ": a_s must be >= 0 and b_s_per_byte > 0");
-    const Json* src = kv.second.get("source");
-    f.source = src ? src->as_string(w + ".source") : what;
-    t.fits[kv.first] = f;
-  }
-  return t;
-}
-
-const Tuning& active_tuning() {
-  static std::mutex mu;
-  static std::map<std::string, Tuning> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const std::string path = config_raw("GPUCOLL_TUNING_FILE");
-  auto it = cache.find(path);
-  if (it != cache.end()) return it->second;
-  Tuning t;
-  if (!path.empty()) {
-    std::ifstream f(path);
-    if (!f) GPUCOLL_INVALID_ARG("GPUCOLL_TUNING_FILE=", path, ": cannot open the file");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    t = parse_tuning(ss.str(), "GPUCOLL_TUNING_FILE=" + path);
-  }
-  return cache.emplace(path, t).first->second;
 }
 
 namespace {
@@ -368,7 +297,7 @@ Candidate custom(const Ctx& x, const std::string& name) {
   }
   c.link_class = link_class_name(cls);
   c.steps = k.steps;
-  c.bytes = k.recv_per_byte * x.S;
+  c.bytes = k.per_byte * x.S;
   finish(x, c, kCustomLaunch, custom_step_lat(cls), bw * kCustomEff);
   return c;
 }
@@ -399,7 +328,8 @@ double nccl_intra_bw(const Ctx& x, LinkClass* cls) {
 
 void nccl(const Ctx& x, std::vector<Candidate>& out) {
   const int P = x.lay.nranks();
-  const Counts& k = counts("ring", x.coll, P, P);
+  std::string algorithm;
+  const Counts k = nccl_counts(x.coll, P, &algorithm);
   LinkClass intra = LinkClass::kNVL;
   const double intra_bw = nccl_intra_bw(x, &intra);
   double bw = intra_bw;
@@ -411,14 +341,14 @@ void nccl(const Ctx& x, std::vector<Candidate>& out) {
   for (bool ll : {true, false}) {
     Candidate c;
     c.backend = "nccl";
-    c.algorithm = "ring";
+    c.algorithm = algorithm;
     c.protocol = ll ? "LL" : "Simple";
     c.link_class = link_class_name(cls);
     if (!k.ok) {
       c.reason = k.error;
     } else {
       c.steps = k.steps;
-      c.bytes = k.recv_per_byte * x.S;
+      c.bytes = k.per_byte * x.S;
       finish(x, c, ll ? kNcclBaseLL : kNcclBaseSimple, nccl_step_lat(cls, ll), bw * (ll ? kNcclLLEff : kNcclRingEff));
     }
     out.push_back(c);
@@ -448,7 +378,7 @@ void nccl(const Ctx& x, std::vector<Candidate>& out) {
 // Two levels: ring reduce-scatter/all-gather inside each node (our P2P kernels, else NCCL), ring all_reduce
 // between nodes on 1/L of the data per rank (hierarchical.h). Phase steps and bytes follow that header's
 // formulas; their sums are checked against the checker's totals.
-Candidate hierarchical(const Ctx& x) {
+Candidate hierarchical(const Ctx& x, bool custom_ok) {
   Candidate c;
   c.algorithm = "hierarchical";
   const int P = x.lay.nranks(), L = x.lay.local, N = x.lay.nodes;
@@ -458,19 +388,25 @@ Candidate hierarchical(const Ctx& x) {
   if (N < 2) return c.reason = "a single node: nothing to split (the flat algorithms are the same schedule)", c;
   const int intra_steps = 2 * (L - 1), inter_steps = 2 * (N - 1);
   GPUCOLL_INTERNAL_CHECK(intra_steps + inter_steps == k.steps);
-  std::string why;
-  bool p2p = true;
-  for (size_t i = 0; i < x.node0.size(); ++i) {
-    for (size_t j = i + 1; j < x.node0.size(); ++j) p2p = p2p && p2p_usable(x.t, x.node0[i], x.node0[j], &why);
+  // Our kernels take the intra-node phases only when the custom backend can and every node has P2P between all
+  // its ranks' GPUs; otherwise NCCL runs the whole call (its own trees are two-level across nodes).
+  bool p2p = custom_ok;
+  for (int n = 0; n < N && p2p; ++n) {
+    for (int i = 0; i < L && p2p; ++i) {
+      for (int j = i + 1; j < L && p2p; ++j) {
+        p2p = p2p_usable(x.t, x.lay.gpus[static_cast<size_t>(n * L + i)], x.lay.gpus[static_cast<size_t>(n * L + j)],
+                         nullptr);
+      }
+    }
   }
-  if (!p2p) c.backend = "nccl";  // the intra-node phases then run on NCCL send/recv
+  if (!p2p) c.backend = "nccl";
   LinkClass intra_cls;
   const double intra_bw = nccl_intra_bw(x, &intra_cls) * (p2p ? kCustomEff : kNcclRingEff);
   const double net_bw = node_net_bw(x.t, 0, nullptr);
   const double intra_bytes = 2.0 * (L - 1) / L * x.S, inter_bytes = 2.0 * (N - 1) / N * x.S / L;
   c.link_class = "NET";
   c.steps = k.steps;
-  c.bytes = k.recv_per_byte * x.S;
+  c.bytes = k.per_byte * x.S;
   finish(x, c, p2p ? kCustomLaunch : kNcclBaseSimple, 0, 0);
   if (c.model == "default") {
     // L ranks of a node run their inter-node rings at once and share the node's NICs: net_bw / L each.
@@ -482,16 +418,20 @@ Candidate hierarchical(const Ctx& x) {
   return c;
 }
 
-Candidate host(const Ctx& x) {
+Candidate host(const Ctx& x, const std::string& only) {
   Candidate c;
   c.backend = "host";
+  c.algorithm = only;
   c.link_class = "SHM";
   const int P = x.lay.nranks();
   if (x.lay.nodes > 1) return c.reason = "the host backend is shared memory on one node", c;
   const algo::CostParams cp = algo::host_cost_params();
   double best = -1;
+  std::string why;
   for (const algo::Algorithm* a : algo::algorithms()) {
+    if (!only.empty() && only != a->name) continue;
     const algo::Prediction p = algo::predict(*a, x.coll, P, static_cast<int64_t>(x.S), P, cp);
+    if (!p.usable) why = p.reason;
     if (p.usable && (best < 0 || p.seconds < best)) {
       best = p.seconds;
       c.algorithm = a->name;
@@ -499,9 +439,14 @@ Candidate host(const Ctx& x) {
       c.bytes = static_cast<double>(p.bytes_recv);
     }
   }
-  if (best < 0) return c.reason = "no host algorithm serves this collective", c;
-  // GPU buffers are copied to host memory and back over each GPU's PCIe link.
-  const double pcie = x.node0.empty() ? 1e15 : pcie_bw(x.t.gpus[x.node0[0]]) * 0.8;
+  if (best < 0) {
+    c.reason = only.empty() ? "no host algorithm serves this collective"
+               : why.empty() ? "the host backend has no schedule named " + only : why;
+    return c;
+  }
+  // GPU buffers are copied to host memory and back over each GPU's PCIe link: 0.8 of the PCIe rate for a
+  // pageable cudaMemcpy and ~5 us per copy call. Estimates; the host backend has not run on GPU buffers yet.
+  const double pcie = x.node0.empty() ? 1e15 : pcie_bw(x.t.gpus[static_cast<size_t>(x.node0[0])]) * 0.8;
   c.seconds = best + 2 * x.S / pcie + 2 * 5e-6;
   c.usable = true;
   c.model = "host cost model (algo/selector.h) + 2 PCIe copies";
@@ -512,7 +457,8 @@ Candidate host(const Ctx& x) {
 }  // namespace
 
 std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes,
-                                  const std::string& dtype, const Backends& avail, const Tuning& tuning) {
+                                  const std::string& dtype, const Backends& avail, const Tuning& tuning,
+                                  const std::string& host_algorithm) {
   const int esize = dtype_size(lower(dtype));
   GPUCOLL_CHECK_ARG(esize > 0, "unknown dtype '", dtype, "' (expected e.g. float32, bfloat16, float16, int32)");
   GPUCOLL_CHECK_ARG(nbytes >= 0 && nbytes % esize == 0, "nbytes=", nbytes, " is not a whole number of ", dtype,
@@ -520,68 +466,39 @@ std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Co
   GPUCOLL_CHECK_ARG(lay.nranks() >= 1 && static_cast<int>(lay.gpus.size()) == lay.nranks(), "bad layout");
   Ctx x{t, lay, coll, static_cast<double>(nbytes), tuning, {}};
   x.node0.assign(lay.gpus.begin(), lay.gpus.begin() + lay.local);
+  auto implemented = [&](const std::string& name) {
+    const auto& v = avail.custom_algorithms;
+    const std::string scoped = std::string(algo::coll_name(coll)) + ":" + name;
+    return v.empty() || std::find(v.begin(), v.end(), name) != v.end() ||
+           std::find(v.begin(), v.end(), scoped) != v.end();
+  };
   std::vector<Candidate> out;
-  auto add = [&](Candidate c, bool available, const char* what) {
+  auto add = [&](Candidate c, bool available, const std::string& why, const char* what) {
     if (!available && c.usable) {
       c.usable = false;
-      c.reason = std::string(what) + " backend not available";
+      c.reason = why.empty() ? std::string(what) + " backend not available" : why;
     }
     out.push_back(c);
   };
-  for (const char* name : {"oneshot", "twoshot", "ring", "tree"}) add(custom(x, name), avail.custom, "custom");
+  for (const char* name : {"oneshot", "twoshot", "ring", "tree"}) {
+    Candidate c = custom(x, name);
+    if (avail.custom && c.usable && !implemented(name)) {
+      c.usable = false;
+      c.reason = std::string("the custom backend does not implement ") + name + " for " + algo::coll_name(coll) + " yet";
+    }
+    add(c, avail.custom, avail.custom_why, "custom");
+  }
   std::vector<Candidate> n;
   nccl(x, n);
-  for (Candidate& c : n) add(c, avail.nccl, "nccl");
-  if (coll == algo::Coll::kAllReduce) add(hierarchical(x), avail.nccl, "nccl");
-  add(host(x), avail.host, "host");
+  for (Candidate& c : n) add(c, avail.nccl, avail.nccl_why, "nccl");
+  if (coll == algo::Coll::kAllReduce) {
+    add(hierarchical(x, avail.custom && implemented("hierarchical")), avail.nccl, avail.nccl_why, "nccl");
+  }
+  add(host(x, lower(host_algorithm)), avail.host, avail.host_why, "host");
   if (lay.nranks() == 1) {
     for (Candidate& c : out) c.busbw = 0;
   }
   return out;
-}
-
-Candidate select(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes, const std::string& dtype,
-                 const Backends& avail, const std::string& requested, const Tuning& tuning) {
-  std::string req = lower(requested);
-  std::string source = "algo";
-  if (req.empty() || req == "auto") {
-    req = algo::algo_override(coll);
-    source = "GPUCOLL_ALGO";
-  }
-  const std::vector<Candidate> all = candidates(t, lay, coll, nbytes, dtype, avail, tuning);
-  const Candidate* best = nullptr;
-  if (req.empty() || req == "auto") {
-    for (const Candidate& c : all) {
-      if (c.usable && (best == nullptr || c.seconds < best->seconds)) best = &c;
-    }
-    GPUCOLL_CHECK_ARG(best != nullptr, "no backend can run ", algo::coll_name(coll), " on this topology");
-    return *best;
-  }
-  // "backend:algorithm", "backend" or "algorithm". A bare algorithm name means the GPU backends' (custom, NCCL):
-  // the host backend picks among its own schedules, so "host" or "host:ring" name it.
-  const size_t colon = req.find(':');
-  const std::string want_b = colon == std::string::npos ? "" : req.substr(0, colon);
-  const std::string want_a = colon == std::string::npos ? req : req.substr(colon + 1);
-  std::string reasons, names;
-  for (const Candidate& c : all) {
-    const std::string full = c.backend + ":" + c.algorithm;
-    if (names.find(full) == std::string::npos) names += (names.empty() ? "" : ", ") + full;
-    const bool match = colon != std::string::npos ? (c.backend == want_b && c.algorithm == want_a)
-                                                  : (c.backend == want_a || (c.backend != "host" && c.algorithm == want_a));
-    if (!match) continue;
-    if (!c.usable) {
-      reasons += (reasons.empty() ? "" : "; ") + full + (c.protocol.empty() ? "" : "/" + c.protocol) + ": " + c.reason;
-    } else if (best == nullptr || c.seconds < best->seconds) {
-      best = &c;
-    }
-  }
-  if (best != nullptr) return *best;
-  if (reasons.empty()) {
-    GPUCOLL_INVALID_ARG(source, "='", req, "' names no backend or algorithm for ", algo::coll_name(coll),
-                        "; candidates: auto, ", names);
-  }
-  GPUCOLL_INVALID_ARG(source, "='", req, "' cannot run ", algo::coll_name(coll), " on ", lay.nranks(),
-                      " ranks of this topology: ", reasons);
 }
 
 }  // namespace gpucoll::topo

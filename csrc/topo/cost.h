@@ -29,11 +29,21 @@ struct Layout {
 // nranks_per_node 0: every GPU of a host; nodes 0: every host of the topology (a single-host topology with
 // nodes > 1 is replicated, see replicate()). Throws InvalidArgument when the topology has too few GPUs.
 Layout make_layout(const Topology& t, int nranks_per_node, int nodes);
+// A communicator's own placement: rank r on GPU gpus[r]; node n's ranks (n*local .. n*local+local-1) must sit
+// on one host, different nodes on different hosts. A GPU may appear more than once (ranks sharing a GPU).
+// Throws InvalidArgument naming the first rank that breaks a rule.
+Layout make_layout(const Topology& t, int nodes, int local, const std::vector<int>& gpus);
 
 struct Backends {
-  bool custom = true;  // gpucoll's P2P kernels (modelled; not implemented yet)
+  bool custom = true;  // gpucoll's P2P kernels
   bool nccl = true;
   bool host = true;    // staging GPU buffers through host memory and the shared-memory host backend
+  // Why a backend is not available, shown as the candidate's reason (default: "<backend> backend not available").
+  std::string custom_why, nccl_why, host_why;
+  // What the custom backend implements: "oneshot" (every collective) or "all_reduce:oneshot" (one); names are
+  // oneshot, twoshot, ring, tree and hierarchical (it can run the intra-node phases of the two-level
+  // all_reduce). Empty: everything the model prices.
+  std::vector<std::string> custom_algorithms;
 };
 
 // One fitted line of a tuning file: time = steps * a + bytes * b.
@@ -52,7 +62,7 @@ const Tuning& active_tuning();
 
 struct Candidate {
   std::string backend;     // custom, nccl, host, custom+nccl
-  std::string algorithm;   // oneshot, twoshot, ring, tree, nvls, hierarchical, or the host algorithm
+  std::string algorithm;   // oneshot, twoshot, ring, tree, nvls, direct, hierarchical, or the host algorithm
   std::string protocol;    // NCCL's LL/Simple where it matters, else ""
   std::string link_class;  // class of the slowest hop: NVL, PIX, PXB, PHB, NODE, SYS, NET, SHM
   bool usable = false;
@@ -64,9 +74,11 @@ struct Candidate {
   std::string model;       // "default" or the tuning-file entry used
 };
 
-// Every candidate for the call, usable or not (with reasons), in a fixed order.
+// Every candidate for the call, usable or not (with reasons), in a fixed order. The host candidate is the host
+// cost model's fastest schedule, or `host_algorithm` when given.
 std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes,
-                                  const std::string& dtype, const Backends& avail, const Tuning& tuning);
+                                  const std::string& dtype, const Backends& avail, const Tuning& tuning,
+                                  const std::string& host_algorithm = "");
 
 // The fastest usable candidate. `requested` ("auto", "oneshot", "nccl", "nccl:ring", "custom:ring", "host",
 // ...) and, when it is auto, GPUCOLL_ALGO win over the model; an impossible request throws InvalidArgument
