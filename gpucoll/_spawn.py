@@ -55,7 +55,9 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
 
     backend='nccl' gives rank r GPU r; with more ranks than GPUs, ranks share them through NCCL's multi-rank mode
     (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1 is set for the workers), and otherwise this raises Unsupported
-    saying why. backend='auto' uses NCCL when that works here, else the host backend."""
+    saying why. backend='custom' runs gpucoll's own allreduce kernels, ranks sharing GPUs when there are fewer GPUs
+    than ranks (CUDA IPC between processes on one device). backend='auto' uses NCCL when that works here, else the
+    host backend."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
@@ -67,6 +69,11 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         from gpucoll._nccl_backend import spawn_plan
 
         backend, worker_env = spawn_plan(nranks, backend)
+    elif backend == "custom":
+        # Ranks beyond the GPU count share GPUs through CUDA IPC (correct, slow); NCCL, the fallback, may too.
+        from gpucoll._custom_backend import spawn_plan as custom_plan
+
+        backend, worker_env = custom_plan(nranks)
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()
     port = free_port()

@@ -59,8 +59,9 @@ def _resolve_backend(backend: str) -> str:
 
         _nccl_backend.check_usable()
     if backend == "custom":
-        raise Unsupported(f"backend {backend!r} is not available in this version of gpucoll yet; use "
-                          f"backend='nccl' for CUDA arrays or backend='host' for CPU arrays")
+        from gpucoll import _custom_backend
+
+        _custom_backend.check_usable()
     return backend
 
 
@@ -108,7 +109,8 @@ class Communicator:
         self._group = None
         self._group_depth = 0
         self._close_reason = "close() was called"
-        self._nccl = backend == "nccl"
+        # The custom backend takes CUDA buffers like NCCL (and hands what its kernels cannot run to NCCL).
+        self._nccl = backend in ("nccl", "custom")
         # Which memory the backend takes: the NCCL backend checks its device, the host backend CPU memory.
         self._check_buffer = impl.check_buffer if self._nccl else _check_host_buffer
 
@@ -310,6 +312,28 @@ class Communicator:
             if ok and batch:
                 self._impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
 
+    # -- buffer registration (backend='custom') -----------------------------------------------------------
+    def _custom(self, what: str):
+        self._check_open(what)
+        if self._backend != "custom":
+            raise Unsupported(f"{what} applies to backend='custom'; this communicator uses {self._backend}")
+        return self._impl
+
+    def register(self, x) -> None:
+        """Register `x` once (collective: every rank, same order, same size) so that allreduces whose input is
+        exactly `x` read every rank's copy in place instead of staging it (backend='custom')."""
+        impl = self._custom("register")
+        impl.register(self._resolve(x, "x"))
+
+    def register_graph_buffers(self) -> int:
+        """Collective: register the inputs first seen while capturing inside graph_capture(); returns how many."""
+        return self._custom("register_graph_buffers").register_graph_buffers()
+
+    def graph_capture(self):
+        """A context to wrap CUDA graph capture (e.g. inside ``torch.cuda.graph``): allreduce inputs first seen
+        inside it are read in place by the captured kernels and registered across ranks when it exits."""
+        return self._custom("graph_capture").graph_capture()
+
     # -- helpers ------------------------------------------------------------------------------------------
     def _p2p(self, send: bool, x, peer, stream=None, async_op=False):
         peer = self._check_rank(peer, "peer")
@@ -351,6 +375,8 @@ class Communicator:
 
     def _run(self, coll: int, algo, src, dst, count: int, redop, root: int, stream=None, async_op=False):
         """Hands one collective to the backend; returns the nccl backend's Work for async_op, else None."""
+        if self._backend == "custom":
+            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
         if self._nccl:
             # NCCL picks its own algorithm: `algo` is accepted for a uniform API and not used.
             return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op)
@@ -458,7 +484,7 @@ def _check_common(backend, timeout, local_size, device):
         local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
     if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 0:
         raise InvalidArgument(f"local_size must be a non-negative int (0: one node); got {local_size!r}")
-    if device is not None and kind != "nccl":
+    if device is not None and kind not in ("nccl", "custom"):
         raise InvalidArgument(f"device= applies to the nccl backend; this communicator uses the {kind} backend")
     return kind, local_size
 
@@ -473,6 +499,10 @@ def _build(launch, store, kind: str, timeout: float, local_size: int, device) ->
             from gpucoll import _nccl_backend
 
             impl = _nccl_backend.init_backend(launch, store, timeout, device)
+        elif kind == "custom":
+            from gpucoll import _custom_backend
+
+            impl = _custom_backend.init_backend(launch, store, timeout, device)
         else:
             impl = _init_host(launch, store, timeout)
     except BaseException:

@@ -41,6 +41,12 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_HOST_SPIN_US", VarType::kInt, "50",
        "How long a waiting host rank spins before it sleeps on a futex. Ranks may outnumber cores, and a "
        "spinning rank would steal the core the awaited rank needs."},
+      {"GPUCOLL_CUSTOM_BUFFER_BYTES", VarType::kBytes, "32M",
+       "Staging buffer per rank of the custom backend's kernels, per half (two halves, used by alternate calls); "
+       "larger allreduces run as several kernels."},
+      {"GPUCOLL_CUSTOM_NCCL_FALLBACK", VarType::kBool, "1",
+       "Custom backend: run what its kernels cannot (other collectives, dtypes, ops, no P2P) on NCCL. 0: raise "
+       "Unsupported with the reason instead."},
       {"GPUCOLL_TOPO_FILE", VarType::kString, "",
        "Topology file (our JSON, NCCL topology XML or nvidia-smi topo -m text) used instead of detection."},
       {"GPUCOLL_TOPO_DUMP_FILE", VarType::kString, "", "Write the detected (or loaded) topology to this JSON file."},

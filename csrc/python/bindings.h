@@ -20,5 +20,7 @@ void bind_runtime(pybind11::module_& m);
 void bind_nccl(pybind11::module_& m);
 // topo.cc: the Topology value, its importers and detection, the topology-aware cost model.
 void bind_topo(pybind11::module_& m);
+// custom.cc: gpucoll's own allreduce kernels (host-side decisions everywhere; the communicator in CUDA builds).
+void bind_custom(pybind11::module_& m);
 
 }  // namespace gpucoll::python

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_C, m) {
   gpucoll::python::bind_runtime(m);
   gpucoll::python::bind_nccl(m);
   gpucoll::python::bind_topo(m);
+  gpucoll::python::bind_custom(m);
 }

@@ -1,0 +1,322 @@
+#include "backends/custom_cuda/custom_comm.h"
+
+#include <algorithm>
+#include <mutex>
+#include <tuple>
+
+#include "backends/custom/eligibility.h"
+#include "backends/nccl_cuda/cuda_util.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace gpucoll::cuda::custom {
+
+using gpucoll::custom::LaunchShape;
+
+cudaError_t launch_algo(Algo algo, const AllReduceArgs& a, cudaStream_t stream) {
+  switch (algo) {
+    case Algo::kOneShot:
+      return launch_one_shot(a, stream);
+    case Algo::kTwoShot:
+      return launch_two_shot(a, stream);
+    case Algo::kRing:
+      return launch_ring(a, stream);
+    case Algo::kTree:
+      return launch_tree(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t algo_blocks_per_sm(Algo algo, DType dtype, RedOp op, int* out) {
+  switch (algo) {
+    case Algo::kOneShot:
+      return one_shot_blocks_per_sm(dtype, op, out);
+    case Algo::kTwoShot:
+      return two_shot_blocks_per_sm(dtype, op, out);
+    case Algo::kRing:
+      return ring_blocks_per_sm(dtype, op, out);
+    case Algo::kTree:
+      return tree_blocks_per_sm(dtype, op, out);
+  }
+  return cudaErrorInvalidValue;
+}
+
+namespace {
+
+// Occupancy per (algo, dtype, op), process-wide: the query is far slower than a launch.
+int cached_blocks_per_sm(Algo algo, DType dtype, RedOp op, int device) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, int> cache;
+  const auto key = std::make_tuple(static_cast<int>(algo), static_cast<int>(dtype), static_cast<int>(op), device);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  GPUCOLL_CUDA_CHECK(algo_blocks_per_sm(algo, dtype, op, &n));
+  cache.emplace(key, n);
+  return n;
+}
+
+}  // namespace
+
+CustomComm::CustomComm(int rank, int nranks, int device, size_t half_bytes, double timeout_s)
+    : rank_(rank), nranks_(nranks), device_(device) {
+  GPUCOLL_CHECK_ARG(nranks >= 1 && nranks <= kMaxRanks, "the custom backend serves 1 to ", kMaxRanks,
+                    " ranks; got nranks = ", nranks);
+  GPUCOLL_CHECK_ARG(rank >= 0 && rank < nranks, "rank must be in [0, ", nranks, "); got ", rank);
+  GPUCOLL_CHECK_ARG(timeout_s >= 0, "timeout must be >= 0 seconds; got ", timeout_s);
+  timeout_ns_ = static_cast<uint64_t>(timeout_s * 1e9);
+  DeviceGuard guard(device);
+  GPUCOLL_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  mem_ = std::make_unique<RankMemory>(rank, device, half_bytes);
+  bufs_.ptr[rank] = mem_->buffer();
+  sigs_.ptr[rank] = mem_->signals();
+}
+
+CustomComm::~CustomComm() { close(); }
+
+std::string CustomComm::ipc_handle() const {
+  GPUCOLL_CHECK_ARG(mem_ != nullptr, "the communicator is closed");
+  return mem_->ipc_handle();
+}
+
+void CustomComm::connect_ipc(const std::vector<std::string>& handles, int min_sms) {
+  GPUCOLL_CHECK_ARG(!connected_, "the communicator is already connected");
+  GPUCOLL_CHECK_ARG(handles.size() == static_cast<size_t>(nranks_), "need one IPC handle per rank (", nranks_,
+                    "); got ", handles.size());
+  DeviceGuard guard(device_);
+  p2p_row_.assign(nranks_, 0);
+  for (int q = 0; q < nranks_; ++q) {
+    if (q != rank_) {
+      // A peer the driver will not map is a P2P failure, not an error: this rank still publishes its row, so
+      // every rank sees the same matrix and declines (to NCCL) together instead of some of them hanging.
+      try {
+        char* base = static_cast<char*>(mappings_.open(handles[q], q));
+        sigs_.ptr[q] = base;
+        bufs_.ptr[q] = base + RankMemory::kSignalsBytes;
+      } catch (const Error& e) {
+        GPUCOLL_WARN("custom backend: ", e.message());
+        continue;
+      }
+    }
+    p2p_row_[q] = probe_peer(static_cast<Signals*>(sigs_.ptr[q]), q) ? 1 : 0;
+  }
+  if (min_sms > 0) sms_ = std::min(sms_, min_sms);
+  GPUCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(PeerTable) * kMaxRegistered));
+  co_resident_ = 1;  // one rank per process: ranks sharing a GPU time-slice (correctness only), see testing.py
+  connected_ = true;
+}
+
+void CustomComm::connect_local(const std::vector<CustomComm*>& comms) {
+  GPUCOLL_CHECK_ARG(!connected_, "the communicator is already connected");
+  GPUCOLL_CHECK_ARG(comms.size() == static_cast<size_t>(nranks_), "need one communicator per rank (", nranks_,
+                    "); got ", comms.size());
+  GPUCOLL_CHECK_ARG(comms[rank_] == this, "comms[", rank_, "] must be this communicator");
+  for (int q = 0; q < nranks_; ++q) {
+    const CustomComm* c = comms[q];
+    GPUCOLL_CHECK_ARG(c != nullptr && c->mem_ != nullptr && c->rank_ == q && c->nranks_ == nranks_,
+                      "comms[", q, "] must be open rank ", q, " of ", nranks_);
+    GPUCOLL_CHECK_ARG(c->device_ == device_, "virtual ranks must share one device: rank ", q, " is on cuda:",
+                      c->device_, ", rank ", rank_, " on cuda:", device_);
+    GPUCOLL_CHECK_ARG(c->half_bytes() == half_bytes(), "every rank needs the same staging size");
+    bufs_.ptr[q] = c->mem_->buffer();
+    sigs_.ptr[q] = c->mem_->signals();
+  }
+  DeviceGuard guard(device_);
+  // Every virtual rank needs at least one resident block next to the others'.
+  gpucoll::custom::check_residency(nranks_, 1, sms_, cached_blocks_per_sm(Algo::kRing, DType::kF64, RedOp::kAvg, device_));
+  p2p_row_.assign(nranks_, 0);
+  for (int q = 0; q < nranks_; ++q) p2p_row_[q] = probe_peer(static_cast<Signals*>(sigs_.ptr[q]), q) ? 1 : 0;
+  GPUCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(PeerTable) * kMaxRegistered));
+  co_resident_ = nranks_;
+  connected_ = true;
+}
+
+ExportedRange CustomComm::export_buffer(uintptr_t ptr) const {
+  DeviceGuard guard(device_);
+  return export_range(reinterpret_cast<const void*>(ptr));
+}
+
+int CustomComm::take_slot() {
+  if (next_slot_ >= kMaxRegistered) {
+    GPUCOLL_THROW(ErrorCode::kUnsupported, "register", "this communicator already registered ", kMaxRegistered,
+                  " buffers (the limit); register long-lived buffers once and reuse them");
+  }
+  return next_slot_++;
+}
+
+void CustomComm::fill_slot(int slot, const PeerTable& t) {
+  DeviceGuard guard(device_);
+  GPUCOLL_CUDA_CHECK(cudaMemcpy(table_ + slot, &t, sizeof(t), cudaMemcpyHostToDevice));
+}
+
+void CustomComm::register_ipc(uintptr_t ptr, size_t bytes, const std::vector<ExportedRange>& peers) {
+  GPUCOLL_CHECK_ARG(connected_, "register needs a connected communicator");
+  GPUCOLL_CHECK_ARG(peers.size() == static_cast<size_t>(nranks_), "need one exported range per rank");
+  PeerTable t{};
+  DeviceGuard guard(device_);
+  for (int q = 0; q < nranks_; ++q) {
+    t.ptr[q] = q == rank_ ? reinterpret_cast<void*>(ptr)
+                          : static_cast<char*>(mappings_.open(peers[q].handle, q)) + peers[q].offset;
+  }
+  std::vector<uintptr_t> ptrs(nranks_);
+  for (int q = 0; q < nranks_; ++q) ptrs[q] = reinterpret_cast<uintptr_t>(t.ptr[q]);
+  register_local(ptr, bytes, ptrs);
+}
+
+void CustomComm::register_local(uintptr_t ptr, size_t bytes, const std::vector<uintptr_t>& peer_ptrs) {
+  GPUCOLL_CHECK_ARG(connected_, "register needs a connected communicator");
+  GPUCOLL_CHECK_ARG(peer_ptrs.size() == static_cast<size_t>(nranks_), "need one pointer per rank (", nranks_,
+                    "); got ", peer_ptrs.size());
+  GPUCOLL_CHECK_ARG(peer_ptrs[rank_] == ptr, "this rank's entry must be the registered pointer itself");
+  PeerTable t{};
+  for (int q = 0; q < nranks_; ++q) t.ptr[q] = reinterpret_cast<void*>(peer_ptrs[q]);
+  auto it = registered_.find(ptr);
+  const int slot = it != registered_.end() ? it->second.slot : take_slot();
+  fill_slot(slot, t);
+  registered_[ptr] = Registered{slot, bytes};
+}
+
+bool CustomComm::is_registered(uintptr_t ptr, size_t bytes) const { return registered_bytes(ptr) >= bytes && bytes > 0; }
+
+size_t CustomComm::registered_bytes(uintptr_t ptr) const {
+  auto it = registered_.find(ptr);
+  return it == registered_.end() ? 0 : it->second.bytes;
+}
+
+std::vector<std::pair<uintptr_t, size_t>> CustomComm::pending() const {
+  std::vector<std::pair<uintptr_t, size_t>> out;
+  for (const auto& [ptr, reg] : pending_) out.emplace_back(ptr, reg.bytes);
+  return out;
+}
+
+void CustomComm::register_pending_local(const std::vector<std::vector<uintptr_t>>& peer_ptrs) {
+  GPUCOLL_CHECK_ARG(peer_ptrs.size() == pending_.size(), "need peer pointers for each of the ", pending_.size(),
+                    " buffers first seen during capture; got ", peer_ptrs.size());
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const auto& [ptr, reg] = pending_[i];
+    GPUCOLL_CHECK_ARG(peer_ptrs[i].size() == static_cast<size_t>(nranks_) && peer_ptrs[i][rank_] == ptr,
+                      "pending buffer ", i, ": need one pointer per rank, this rank's being the buffer itself");
+    PeerTable t{};
+    for (int q = 0; q < nranks_; ++q) t.ptr[q] = reinterpret_cast<void*>(peer_ptrs[i][q]);
+    fill_slot(reg.slot, t);
+    registered_[ptr] = reg;
+  }
+  pending_.clear();
+}
+
+void CustomComm::register_pending_ipc(const std::vector<std::vector<ExportedRange>>& peers) {
+  GPUCOLL_CHECK_ARG(peers.size() == pending_.size(), "need exported ranges for each of the ", pending_.size(),
+                    " buffers first seen during capture; got ", peers.size());
+  std::vector<std::vector<uintptr_t>> ptrs(peers.size());
+  DeviceGuard guard(device_);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    GPUCOLL_CHECK_ARG(peers[i].size() == static_cast<size_t>(nranks_), "pending buffer ", i,
+                      ": need one range per rank");
+    ptrs[i].resize(nranks_);
+    for (int q = 0; q < nranks_; ++q) {
+      ptrs[i][q] = q == rank_ ? pending_[i].first
+                              : reinterpret_cast<uintptr_t>(mappings_.open(peers[i][q].handle, q)) + peers[i][q].offset;
+    }
+  }
+  register_pending_local(ptrs);
+}
+
+int CustomComm::max_blocks_for(Algo algo, DType dtype, RedOp op) const {
+  if (co_resident_ <= 1) return 0;
+  const int bps = cached_blocks_per_sm(algo, dtype, op, device_);
+  const int cap = gpucoll::custom::max_blocks_per_rank(co_resident_, sms_, bps);
+  if (cap < 1) gpucoll::custom::check_residency(co_resident_, 1, sms_, bps);
+  return cap;
+}
+
+LaunchShape CustomComm::shape_for(Algo algo, size_t bytes, DType dtype, RedOp op) const {
+  return gpucoll::custom::choose_launch_shape(algo, bytes, nranks_, sms_, max_blocks_for(algo, dtype, op));
+}
+
+void CustomComm::all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo,
+                            cudaStream_t stream, int max_blocks) {
+  if (!connected_) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "all_reduce", "the custom communicator is not connected");
+  GPUCOLL_CHECK_ARG(gpucoll::custom::dtype_supported(dtype), "dtype ", dtype_name(dtype), " has no custom kernel");
+  GPUCOLL_CHECK_ARG(gpucoll::custom::op_supported(op), "op ", redop_name(op), " has no custom kernel");
+  if (count == 0) return;
+  DeviceGuard guard(device_);
+  const size_t esize = dtype_size(dtype);
+  const size_t bytes = count * esize;
+  const uintptr_t key = reinterpret_cast<uintptr_t>(in);
+  const PeerTable* inputs = nullptr;
+  if (algo == Algo::kOneShot || algo == Algo::kTwoShot) {
+    auto it = registered_.find(key);
+    if (it != registered_.end() && it->second.bytes >= bytes) {
+      inputs = slot_ptr(it->second.slot);
+    } else if (defer_ && stream_is_capturing(stream)) {
+      auto p = std::find_if(pending_.begin(), pending_.end(), [&](const auto& e) { return e.first == key; });
+      if (p == pending_.end()) {
+        pending_.emplace_back(key, Registered{take_slot(), bytes});
+        p = pending_.end() - 1;
+      }
+      p->second.bytes = std::max(p->second.bytes, bytes);
+      inputs = slot_ptr(p->second.slot);
+    }
+  }
+  AllReduceArgs a;
+  a.dtype = dtype;
+  a.op = op;
+  a.rank = rank_;
+  a.nranks = nranks_;
+  a.bufs = bufs_;
+  a.sigs = sigs_;
+  a.inputs = inputs;
+  a.half_bytes = mem_->half_bytes();
+  a.timeout_ns = timeout_ns_;
+  int cap = max_blocks_for(algo, dtype, op);
+  if (max_blocks > 0) cap = cap > 0 ? std::min(cap, max_blocks) : max_blocks;
+  // One-shot with registered inputs stages nothing and writes only `out`: one kernel for any size. Everything
+  // else goes through a staging half, piece by piece; every rank cuts the same pieces, one call number each.
+  const size_t piece = inputs != nullptr && algo == Algo::kOneShot
+                           ? count
+                           : gpucoll::custom::piece_elems(mem_->half_bytes(), esize);
+  for (size_t off = 0; off < count; off += piece) {
+    const size_t n = std::min(piece, count - off);
+    a.in = static_cast<const char*>(in) + off * esize;
+    a.out = static_cast<char*>(out) + off * esize;
+    a.count = n;
+    a.in_offset = off;
+    const LaunchShape shape = gpucoll::custom::choose_launch_shape(algo, n * esize, nranks_, sms_, cap);
+    a.blocks = shape.blocks;
+    a.threads = shape.threads;
+    GPUCOLL_CUDA_CHECK(launch_algo(algo, a, stream));
+  }
+}
+
+uint32_t CustomComm::timed_out() const {
+  if (mem_ == nullptr) return 0;
+  DeviceGuard guard(device_);
+  uint32_t v = 0;
+  GPUCOLL_CUDA_CHECK(cudaMemcpy(&v, &mem_->signals()->timed_out, sizeof(v), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+void CustomComm::synchronize() const {
+  DeviceGuard guard(device_);
+  GPUCOLL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CustomComm::close() noexcept {
+  if (mem_ == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
+  // Kernels of this rank may still read peers' memory: finish them before unmapping it.
+  if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
+  mappings_.close_all();
+  if (table_ != nullptr && cudaFree(table_) != cudaSuccess) cudaGetLastError();
+  table_ = nullptr;
+  mem_->release();
+  mem_.reset();
+  registered_.clear();
+  pending_.clear();
+  connected_ = false;
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+}  // namespace gpucoll::cuda::custom

@@ -1,0 +1,85 @@
+// gpucoll's own allreduce kernels over peer memory: the data every kernel reads, and the host launchers
+// (one_shot.cu, two_shot.cu, ring.cu, tree.cu). Plain C++ can include this header; it needs the CUDA include
+// directory, which linking gpucoll_cuda provides. The host-side choices (algorithm, launch shape, residency)
+// are in backends/custom/launch_shape.h; the peer memory and the communicator in backends/custom_cuda/.
+//
+// Model (the pull model of algo/schedule.h): every rank owns a staging buffer of two halves and a signal area,
+// both in its own device memory and mapped into every peer (CUDA IPC, or plain pointers for virtual ranks in
+// one process). Kernels only ever WRITE their own rank's memory and READ peers' memory after a flag says it
+// is ready; see peer_sync.cuh for the flags and their memory ordering.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/custom/launch_shape.h"
+#include "core/types.h"
+
+namespace gpucoll::cuda::custom {
+
+using gpucoll::custom::kMaxBlocks;
+using gpucoll::custom::kMaxRanks;
+using gpucoll::custom::kThreads;
+
+// One pointer per rank (unused entries null).
+struct PeerTable {
+  void* ptr[kMaxRanks];
+};
+
+// Barriers per call are numbered 0..kBarrierStride-1 (ring at 8 ranks uses 14).
+constexpr uint32_t kBarrierStride = 64;
+constexpr uint32_t kProbeMagic = 0x6770636cu;  // "gpcl": what the P2P probe expects in a peer's probe word
+
+// A rank's signal area. Every field is a whole, naturally aligned 32-bit word with exactly one writer, so
+// there are no sub-word races (the vLLM #2742/#2760 bug class: byte flags packed into one word, written by
+// different ranks, lose each other's updates).
+struct alignas(128) Signals {
+  // flag[b][q]: written only by rank q's block b (one thread), read by this rank's block b. Values are epoch
+  // counters, calls * kBarrierStride + barrier + 1, so they only grow: nothing is ever reset between calls,
+  // and a waiter needs "at least my value" (a peer may already have moved one barrier further).
+  uint32_t flag[kMaxBlocks][kMaxRanks];
+  // Local to this rank (peers never touch them):
+  uint32_t calls;        // kernels of this communicator completed so far; read by every block at its start
+  uint32_t blocks_done;  // blocks of the running kernel that finished; the last one bumps `calls`
+  uint32_t timed_out;    // non-zero (the epoch value waited for) once a wait gave up; read by the host
+  uint32_t probe;        // kProbeMagic ^ rank, written at set-up: peers read it to prove the mapping works
+};
+
+struct AllReduceArgs {
+  const void* in = nullptr;  // this rank's input (local)
+  void* out = nullptr;       // this rank's output (local); may equal `in`
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  RedOp op = RedOp::kSum;
+  int rank = 0;
+  int nranks = 1;
+  PeerTable bufs{};    // every rank's staging buffer: two halves of half_bytes each
+  PeerTable sigs{};    // every rank's Signals
+  // Device memory holding every rank's registered input for this call, or null: stage `in` through the
+  // staging buffer. A pointer (not a value) so that a table filled after CUDA graph capture is seen by replays.
+  const PeerTable* inputs = nullptr;
+  size_t in_offset = 0;  // elements: where this call starts in every registered input (pieces of a long one)
+  size_t half_bytes = 0;
+  uint64_t timeout_ns = 0;  // a barrier wait gives up after this long (0: never) and sets Signals::timed_out
+  int blocks = 1;
+  int threads = kThreads;
+};
+
+// Enqueue one allreduce on `stream`. count * dtype size must fit half_bytes unless `inputs` is given and the
+// algorithm reads inputs in place (one-shot, two-shot). Returns cudaErrorInvalidValue for a dtype/op without a
+// kernel or a bad shape, else the launch's status.
+cudaError_t launch_one_shot(const AllReduceArgs& a, cudaStream_t stream);
+cudaError_t launch_two_shot(const AllReduceArgs& a, cudaStream_t stream);
+cudaError_t launch_ring(const AllReduceArgs& a, cudaStream_t stream);
+cudaError_t launch_tree(const AllReduceArgs& a, cudaStream_t stream);
+
+// Resident blocks per SM of the kernel that would run (dtype, op) with kThreads threads, for the residency
+// limit of virtual ranks (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+cudaError_t one_shot_blocks_per_sm(DType dtype, RedOp op, int* out);
+cudaError_t two_shot_blocks_per_sm(DType dtype, RedOp op, int* out);
+cudaError_t ring_blocks_per_sm(DType dtype, RedOp op, int* out);
+cudaError_t tree_blocks_per_sm(DType dtype, RedOp op, int* out);
+
+}  // namespace gpucoll::cuda::custom

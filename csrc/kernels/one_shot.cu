@@ -1,0 +1,56 @@
+// One-shot allreduce over peer memory (the schedule of algo/one_shot.h): every rank reads every rank's input
+// and reduces it, in rank order 0..P-1, straight into its own output. One data step: the choice for small
+// messages, whose cost is the synchronisation.
+//
+// Per block b (slice b of the message, see peer_ops.cuh):
+//   staged input:     copy slice b of `in` into this rank's staging half; registered input: nothing.
+//   barrier 0         every rank's slice b is readable (RAW).
+//   reduce            out[slice b] = fin(x_0 op x_1 op ... op x_{P-1}), accumulating in float for f16/bf16.
+//   barrier 1         every rank has finished reading slice b of our input (WAR). A registered input is the
+//                     user's own buffer, which the user may overwrite as soon as this kernel completes; the
+//                     staged path runs the same barrier so both paths take the same number of barriers
+//                     (ranks that disagreed about registration then read wrong data instead of deadlocking).
+// Every rank reduces the same P values in the same order, so all ranks get identical bits.
+#include "kernels/custom_dispatch.cuh"
+#include "kernels/peer_ops.cuh"
+#include "kernels/peer_sync.cuh"
+
+namespace gpucoll::cuda::custom {
+namespace {
+
+template <class T, class Op, class Fin>
+__global__ void __launch_bounds__(kThreads) one_shot_kernel(AllReduceArgs a, Op op, Fin fin) {
+  const Sync s = begin_call(a);
+  const bool staged = a.inputs == nullptr;
+  const Range r = block_slice<T>(Range{0, a.count});
+  if (staged) block_copy(at<T>(staging(a, a.rank, s.calls), r.begin), at<T>(a.in, r.begin), r.count, NoFinish{});
+  barrier(s, 0);
+  Srcs<T> src;
+  src.n = a.nranks;
+  for (int q = 0; q < a.nranks; ++q) {
+    src.p[q] = staged ? at<T>(staging(a, q, s.calls), r.begin)
+                      : at<T>(static_cast<const void*>(a.inputs->ptr[q]), a.in_offset + r.begin);
+  }
+  block_reduce(at<T>(a.out, r.begin), src, r.count, op, fin);
+  barrier(s, 1);
+  end_call(s);
+}
+
+struct OneShotKernel {
+  template <class T, class Op, class Fin>
+  static const void* kernel() {
+    return reinterpret_cast<const void*>(&one_shot_kernel<T, Op, Fin>);
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_one_shot(const AllReduceArgs& a, cudaStream_t stream) {
+  return launch_kernel<OneShotKernel>(a, a.inputs == nullptr, stream);
+}
+
+cudaError_t one_shot_blocks_per_sm(DType dtype, RedOp op, int* out) {
+  return kernel_blocks_per_sm<OneShotKernel>(dtype, op, out);
+}
+
+}  // namespace gpucoll::cuda::custom

@@ -1,0 +1,128 @@
+// Cross-rank synchronisation of the custom kernels: epoch flags in the signal area (custom_allreduce.h).
+//
+// The protocol, per block b and barrier k of the call numbered `calls` (the same on every rank):
+//   value = calls * kBarrierStride + k + 1
+//   1. __syncthreads(): every thread of the block has finished its loads and stores of the step.
+//   2. thread q (q < P) stores `value` into flag[b][rank] of rank q's signal area with st.release.sys.
+//   3. thread q spins with ld.acquire.sys on flag[b][q] of this rank's own area until it is >= value.
+//   4. __syncthreads(): the rest of the block proceeds only after all P acquires.
+//
+// Why each fence is where it is:
+// - (1)+(2): the release is what makes this block's data writes (its slice of the staging buffer) visible to
+//   rank q before q can see the flag. The writes were made by other threads of the block; the bar.sync orders
+//   them before thread q's st.release in causality order, and PTX release is cumulative at the scope given,
+//   so `.sys` covers readers on other GPUs and in other processes. The same release also orders this block's
+//   earlier LOADS of peers' memory before the flag: a peer that sees the flag may overwrite what we read
+//   (write-after-read across ranks), which is what the end barrier of one-shot relies on.
+// - (3)+(4): the acquire pairs with the peer's release; bar.sync extends it to every thread of the block, so
+//   all later loads of peer data observe the peer's writes. Peer data is then loaded with ld.global.cg
+//   (peer_ops.cuh): it bypasses L1, which is not coherent, so no line cached by an earlier call can be stale.
+// - No __threadfence_system() is needed on top: st.release.sys = fence.acq_rel.sys + store, and ld.acquire.sys
+//   = load + fence, both at system scope (sm_70 and newer).
+//
+// Why epochs instead of set/reset flags: a flag that is set by the peer and reset by the waiter has two
+// writers, and a reset can race the next call's set (back-to-back calls, CUDA graph replays). Epoch values
+// only grow, each word has one writer, and "value >= expected" tolerates a peer that is already one barrier
+// ahead (it cannot be further ahead: it would need our arrival at the next barrier). The comparison is done
+// on the signed difference, so the 32-bit counter may wrap.
+//
+// `calls` lives in device memory (Signals::calls) and is bumped by the last block of each kernel, so CUDA
+// graph replays advance it exactly like eager launches (a host-side counter would be frozen into the graph).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/custom_allreduce.h"
+
+namespace gpucoll::cuda::custom {
+
+__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Per-call state of one block.
+struct Sync {
+  Signals* self;
+  PeerTable sigs;
+  int rank;
+  int nranks;
+  uint32_t calls;
+  uint64_t timeout_ns;
+};
+
+// Reads this communicator's call number. Every block of the kernel reads the same value: the only write,
+// by the last block to finish (end_call), happens after every block has passed this point.
+__device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
+  __shared__ uint32_t calls;
+  Signals* self = static_cast<Signals*>(a.sigs.ptr[a.rank]);
+  // A plain load: `calls` is written only by this rank's previous kernel on the same stream, whose writes
+  // are visible once it completed.
+  if (threadIdx.x == 0) calls = self->calls;
+  __syncthreads();
+  Sync s;
+  s.self = self;
+  s.sigs = a.sigs;
+  s.rank = a.rank;
+  s.nranks = a.nranks;
+  s.calls = calls;
+  s.timeout_ns = a.timeout_ns;
+  return s;
+}
+
+__device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
+  const uint32_t value = s.calls * kBarrierStride + k + 1;
+  __syncthreads();  // (1) the block's work of the step is done
+  const int q = static_cast<int>(threadIdx.x);
+  if (q < s.nranks) {
+    Signals* peer = static_cast<Signals*>(s.sigs.ptr[q]);
+    st_release_sys(&peer->flag[blockIdx.x][s.rank], value);  // (2) publish it to rank q
+    const uint32_t* mine = &s.self->flag[blockIdx.x][q];
+    uint64_t start = 0;
+    uint32_t spins = 0;
+    while (static_cast<int32_t>(ld_acquire_sys(mine) - value) < 0) {  // (3) wait for rank q
+      // The timer is read every 1024 spins only: %globaltimer costs about as much as a flag load.
+      if (s.timeout_ns != 0 && (++spins & 1023u) == 0) {
+        const uint64_t now = global_timer_ns();
+        // A wait that already gave up (this call or an earlier one) makes every later wait give up at once.
+        if (*reinterpret_cast<volatile uint32_t*>(&s.self->timed_out) != 0) break;
+        if (start == 0) {
+          start = now;
+        } else if (now - start > s.timeout_ns) {
+          // Give up rather than hang: the host finds timed_out set and raises; the data of this call is garbage.
+          atomicMax(&s.self->timed_out, value);
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();  // (4) nobody reads peer data before all P acquires
+}
+
+// The last block to finish bumps `calls` for the next kernel; a plain store suffices because only this rank's
+// next kernel on the same stream reads it, after this one completed.
+__device__ __forceinline__ void end_call(const Sync& s) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&s.self->blocks_done, 1u);
+    if (done == gridDim.x - 1) {
+      s.self->blocks_done = 0;
+      s.self->calls = s.calls + 1;
+    }
+  }
+}
+
+}  // namespace gpucoll::cuda::custom

@@ -1,0 +1,215 @@
+// Bindings of the custom allreduce: the host-side decisions (every build: launch shapes, eligibility,
+// residency limit) and, in CUDA builds, the communicator, streams, events and multi-stream graphs used by
+// gpucoll/_custom_backend.py and gpucoll/testing.py. A build without CUDA binds CustomComm and the CUDA
+// helpers as functions raising Unsupported with how to get a CUDA build.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/custom/eligibility.h"
+#include "backends/custom/launch_shape.h"
+#include "core/error.h"
+#include "python/bindings.h"
+
+#ifdef GPUCOLL_WITH_CUDA
+#include "backends/custom_cuda/custom_comm.h"
+#include "backends/custom_cuda/peer_memory.h"
+#include "backends/custom_cuda/stream_graph.h"
+#endif
+
+namespace py = pybind11;
+
+namespace gpucoll::python {
+namespace {
+
+using custom::Algo;
+
+constexpr const char* kNoCudaBuild =
+    "gpucoll was built without CUDA (nvcc was not found at build time), so it has no custom allreduce kernels. "
+    "Install the CUDA toolkit and rebuild: GPUCOLL_CUDA=on pip install --no-build-isolation -e .";
+
+Algo algo_arg(const std::string& name) {
+  Algo a;
+  GPUCOLL_CHECK_ARG(custom::parse_algo(name, &a), "algo must be one of oneshot, twoshot, ring, tree (or dbt); got '",
+                    name, "'");
+  return a;
+}
+
+void bind_host_logic(py::module_& m) {
+  m.attr("CUSTOM_MAX_RANKS") = custom::kMaxRanks;
+  m.attr("CUSTOM_MAX_BLOCKS") = custom::kMaxBlocks;
+  m.attr("CUSTOM_THREADS") = custom::kThreads;
+  m.def("custom_algo_name", [](const std::string& name) { return std::string(custom::algo_name(algo_arg(name))); },
+        py::arg("name"), "The canonical name of a custom algorithm ('dbt' -> 'tree'); InvalidArgument if unknown.");
+  m.def(
+      "custom_choose_algo",
+      [](size_t bytes, int nranks) { return std::string(custom::algo_name(custom::choose_algo(bytes, nranks))); },
+      py::arg("bytes"), py::arg("nranks"), "The algorithm algo='auto' runs.");
+  m.def(
+      "custom_launch_shape",
+      [](const std::string& algo, size_t bytes, int nranks, int sms, int max_blocks) {
+        const custom::LaunchShape s = custom::choose_launch_shape(algo_arg(algo), bytes, nranks, sms, max_blocks);
+        return py::make_tuple(s.blocks, s.threads);
+      },
+      py::arg("algo"), py::arg("bytes"), py::arg("nranks"), py::arg("sms"), py::arg("max_blocks") = 0,
+      "(blocks, threads) of one kernel.");
+  m.def("custom_max_blocks_per_rank", &custom::max_blocks_per_rank, py::arg("co_resident_ranks"), py::arg("sms"),
+        py::arg("blocks_per_sm"));
+  m.def("custom_check_residency", &custom::check_residency, py::arg("nranks"), py::arg("blocks"), py::arg("sms"),
+        py::arg("blocks_per_sm"));
+  m.def("custom_piece_elems", &custom::piece_elems, py::arg("half_bytes"), py::arg("elem_size"));
+  m.def(
+      "custom_eligibility",
+      [](int nranks, std::vector<std::string> hosts, std::vector<uint8_t> p2p, DType dtype, RedOp op, bool premul,
+         size_t count, uintptr_t in_ptr, uintptr_t out_ptr, bool registered, size_t registered_bytes) {
+        custom::Facts f;
+        f.nranks = nranks;
+        f.hosts = std::move(hosts);
+        f.p2p = std::move(p2p);
+        f.dtype = dtype;
+        f.op = op;
+        f.premul = premul;
+        f.count = count;
+        f.in_ptr = in_ptr;
+        f.out_ptr = out_ptr;
+        f.registered = registered;
+        f.registered_bytes = registered_bytes;
+        const custom::Decision d = custom::check_eligibility(f);
+        py::dict out;
+        out["ok"] = d.ok;
+        out["reason"] = d.reason;
+        out["alignment"] = d.alignment;
+        return out;
+      },
+      py::arg("nranks"), py::arg("hosts"), py::arg("p2p"), py::arg("dtype"), py::arg("op"), py::arg("premul"),
+      py::arg("count"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("registered") = false,
+      py::arg("registered_bytes") = 0, "Whether one allreduce can run on the custom kernels: {ok, reason, alignment}.");
+}
+
+#ifdef GPUCOLL_WITH_CUDA
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+py::tuple range_tuple(const cuda::custom::ExportedRange& r) { return py::make_tuple(py::bytes(r.handle), r.offset); }
+
+cuda::custom::ExportedRange range_from(const std::tuple<std::string, uint64_t>& t) {
+  cuda::custom::ExportedRange r;
+  r.handle = std::get<0>(t);
+  r.offset = std::get<1>(t);
+  return r;
+}
+
+void bind_cuda(py::module_& m) {
+  using cuda::custom::CustomComm;
+  using Ranges = std::vector<std::tuple<std::string, uint64_t>>;
+  py::class_<CustomComm>(m, "CustomComm")
+      .def(py::init<int, int, int, size_t, double>(), py::arg("rank"), py::arg("nranks"), py::arg("device"),
+           py::arg("half_bytes"), py::arg("timeout_s"))
+      .def("ipc_handle", [](const CustomComm& c) { return py::bytes(c.ipc_handle()); })
+      .def("connect_ipc", &CustomComm::connect_ipc, py::arg("handles"), py::arg("min_sms"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("connect_local", &CustomComm::connect_local, py::arg("comms"))
+      .def_property_readonly("p2p_row", [](const CustomComm& c) { return c.p2p_row(); })
+      .def("export_buffer", [](const CustomComm& c, uintptr_t ptr) { return range_tuple(c.export_buffer(ptr)); })
+      .def(
+          "register_ipc",
+          [](CustomComm& c, uintptr_t ptr, size_t bytes, const Ranges& peers) {
+            std::vector<cuda::custom::ExportedRange> rs;
+            for (const auto& t : peers) rs.push_back(range_from(t));
+            c.register_ipc(ptr, bytes, rs);
+          },
+          py::arg("ptr"), py::arg("bytes"), py::arg("peers"))
+      .def("register_local", &CustomComm::register_local, py::arg("ptr"), py::arg("bytes"), py::arg("peer_ptrs"))
+      .def("registered_bytes", &CustomComm::registered_bytes, py::arg("ptr"))
+      .def("set_defer_registration", &CustomComm::set_defer_registration, py::arg("defer"))
+      .def("pending", &CustomComm::pending)
+      .def(
+          "register_pending_ipc",
+          [](CustomComm& c, const std::vector<Ranges>& peers) {
+            std::vector<std::vector<cuda::custom::ExportedRange>> all;
+            for (const auto& row : peers) {
+              all.emplace_back();
+              for (const auto& t : row) all.back().push_back(range_from(t));
+            }
+            c.register_pending_ipc(all);
+          },
+          py::arg("peers"))
+      .def("register_pending_local", &CustomComm::register_pending_local, py::arg("peer_ptrs"))
+      .def(
+          "all_reduce",
+          [](CustomComm& c, uintptr_t in, uintptr_t out, size_t count, DType dtype, RedOp op, const std::string& algo,
+             uintptr_t stream, int max_blocks) {
+            const Algo a = algo_arg(algo);
+            py::gil_scoped_release release;
+            c.all_reduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count, dtype, op, a,
+                         as_stream(stream), max_blocks);
+          },
+          py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("algo"),
+          py::arg("stream"), py::arg("max_blocks") = 0)
+      .def(
+          "shape_for",
+          [](const CustomComm& c, const std::string& algo, size_t bytes, DType dtype, RedOp op) {
+            const custom::LaunchShape s = c.shape_for(algo_arg(algo), bytes, dtype, op);
+            return py::make_tuple(s.blocks, s.threads);
+          },
+          py::arg("algo"), py::arg("bytes"), py::arg("dtype"), py::arg("op"))
+      .def("timed_out", &CustomComm::timed_out, py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", &CustomComm::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("close", &CustomComm::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &CustomComm::rank)
+      .def_property_readonly("nranks", &CustomComm::nranks)
+      .def_property_readonly("device", &CustomComm::device)
+      .def_property_readonly("sms", &CustomComm::sms)
+      .def_property_readonly("half_bytes", &CustomComm::half_bytes)
+      .def_property_readonly("open_mappings", &CustomComm::open_mappings)
+      .def_property_readonly("registered_count", &CustomComm::registered_count);
+
+  py::class_<cuda::Stream>(m, "CudaStream")
+      .def(py::init<int>(), py::arg("device"))
+      .def_property_readonly("handle", [](const cuda::Stream& s) { return reinterpret_cast<uintptr_t>(s.get()); })
+      .def("synchronize", &cuda::Stream::synchronize, py::call_guard<py::gil_scoped_release>());
+  py::class_<cuda::Event>(m, "CudaEvent")
+      .def(py::init<int>(), py::arg("device"))
+      .def("record", [](cuda::Event& e, uintptr_t s) { e.record(as_stream(s)); }, py::arg("stream"))
+      .def("query", &cuda::Event::query)
+      .def("synchronize", &cuda::Event::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("wait_on", [](const cuda::Event& e, uintptr_t s) { e.wait_on(as_stream(s)); }, py::arg("stream"));
+  py::class_<cuda::MultiStreamGraph>(m, "MultiStreamGraph")
+      .def(py::init([](int device, const std::vector<uintptr_t>& streams) {
+             std::vector<cudaStream_t> ss;
+             for (uintptr_t s : streams) ss.push_back(as_stream(s));
+             return new cuda::MultiStreamGraph(device, ss);
+           }),
+           py::arg("device"), py::arg("streams"))
+      .def("begin", &cuda::MultiStreamGraph::begin)
+      .def("end", &cuda::MultiStreamGraph::end)
+      .def("replay", &cuda::MultiStreamGraph::replay, py::arg("times") = 1, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("capturing", &cuda::MultiStreamGraph::capturing);
+  m.def("custom_ipc_open_handles", &cuda::custom::ipc_open_handles,
+        "CUDA IPC mappings open in this process (every custom communicator).");
+}
+#else
+void bind_cuda(py::module_& m) {
+  auto unsupported = [](const py::args&, const py::kwargs&) -> py::object {
+    GPUCOLL_THROW(ErrorCode::kUnsupported, "", kNoCudaBuild);
+  };
+  for (const char* name : {"CustomComm", "CudaStream", "CudaEvent", "MultiStreamGraph"}) m.def(name, unsupported);
+  m.def("custom_ipc_open_handles", []() { return 0; });
+}
+#endif
+
+}  // namespace
+
+void bind_custom(py::module_& m) {
+#ifdef GPUCOLL_WITH_CUDA
+  m.attr("CUSTOM_BACKEND_BUILT") = true;
+#else
+  m.attr("CUSTOM_BACKEND_BUILT") = false;
+#endif
+  m.attr("CUSTOM_BACKEND_UNBUILT_REASON") = kNoCudaBuild;
+  bind_host_logic(m);
+  bind_cuda(m);
+}
+
+}  // namespace gpucoll::python

@@ -1,0 +1,323 @@
+"""The custom backend: gpucoll's own allreduce kernels over peer memory (``csrc/kernels/{one_shot,two_shot,ring,
+tree}.cu``), with NCCL for everything they do not cover.
+
+Each rank allocates a staging buffer (two halves of ``GPUCOLL_CUSTOM_BUFFER_BYTES``) and a signal area on its GPU,
+publishes the CUDA IPC handle through the rendezvous store, and maps every peer's. Ranks may share a GPU (P
+processes on one device: correct but slow, since spinning kernels only progress when the GPU switches between
+processes); ``gpucoll.testing.virtual_ranks`` runs P ranks in one process instead.
+
+Per call, an allreduce runs on the custom kernels when it is eligible (``_C.custom_eligibility``: same node, P2P
+proven by a real copy at set-up, dtype float32/float16/bfloat16/float64/int32, op sum/min/max/avg); otherwise the
+reason is logged once (INFO) and NCCL runs the call, or ``Unsupported`` is raised when
+``GPUCOLL_CUSTOM_NCCL_FALLBACK=0`` or NCCL is unavailable. Every fact in the decision is the same on every rank, so
+ranks never split between backends. ``stats`` counts the calls each path ran.
+
+Registration (zero copy): ``register(x)`` is collective (every rank, same order) and makes later calls whose
+input is exactly ``x`` read every rank's input in place. Inside ``graph_capture()``, inputs first seen during
+capture are registered when the block exits (``register_graph_buffers``), so replays read in place too; captured
+calls outside that block stage their input inside the kernel, which also works under graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+from gpucoll import _cuda_buffers, _log
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
+
+_ALL_REDUCE = 0
+_COLL_NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
+
+
+def problems(build=None, probe=None) -> list:
+    """Why ``backend='custom'`` cannot run in this process ([] when it can); the arguments default to this
+    process's state, tests pass fakes."""
+    from gpucoll import _C
+
+    build = dict(_C.build_info()) if build is None else build
+    probe = dict(_C.cuda_probe()) if probe is None else probe
+    out = []
+    if not build.get("cuda_built"):
+        out.append(_C.CUSTOM_BACKEND_UNBUILT_REASON)
+    if not probe.get("device_count"):
+        why = probe.get("reason") or "the CUDA driver reports no device"
+        out.append(f"no usable CUDA GPU: {why}. The custom backend runs its own CUDA kernels and needs an NVIDIA GPU "
+                   f"(check nvidia-smi and CUDA_VISIBLE_DEVICES); use backend='host' for CPU arrays")
+    elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
+        out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')}")
+    return out
+
+
+def check_usable(what: str = "backend='custom'") -> None:
+    found = problems()
+    if found:
+        raise Unsupported(f"{what} cannot run here:\n  - " + "\n  - ".join(found))
+
+
+def spawn_plan(nranks: int, env=None):
+    """(backend, extra worker environment) for ``gpucoll.spawn(backend='custom')``: ranks beyond the GPU count
+    share GPUs, and NCCL (the fallback) is told it may do the same."""
+    from gpucoll import _C, _nccl_backend
+
+    check_usable(f"gpucoll.spawn(backend='custom', nranks={nranks})")
+    count = int(_C.cuda_probe()["device_count"])
+    extra = {}
+    if nranks > count:
+        extra[_nccl_backend.MULTI_RANK_ENV] = "1"
+    return "custom", extra
+
+
+def half_bytes() -> int:
+    from gpucoll import config
+
+    size = int(config.get_bytes("GPUCOLL_CUSTOM_BUFFER_BYTES"))
+    if size < 4096:
+        raise InvalidArgument(f"GPUCOLL_CUSTOM_BUFFER_BYTES must be at least 4K; got {size}")
+    return size // 256 * 256
+
+
+def resolve_algo(algo, nbytes: int, nranks: int) -> str:
+    from gpucoll import _C
+
+    if algo is None or algo == "auto":
+        return _C.custom_choose_algo(nbytes, nranks)
+    if not isinstance(algo, str):
+        raise InvalidArgument(f"algo must be 'auto' or one of oneshot, twoshot, ring, tree; got {algo!r}")
+    return _C.custom_algo_name(algo)
+
+
+class CustomWork:
+    """What an ``async_op=True`` call on the custom kernels returns (the API of the NCCL backend's Work)."""
+
+    __slots__ = ("_backend", "_event", "_kind", "_result")
+
+    def __init__(self, backend, event, kind: str, result=None):
+        self._backend, self._event, self._kind, self._result = backend, event, kind, result
+
+    def wait(self, timeout=None) -> bool:
+        self._event.wait_on(_cuda_buffers.current_stream(self._kind, self._backend.device))
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.query()
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+        self._backend.check_timeout()
+
+    def result(self):
+        return self._result
+
+    def __repr__(self) -> str:
+        return "<gpucoll.Work custom all_reduce>"
+
+
+class CustomBackend:
+    """The Communicator's implementation object for backend='custom'."""
+
+    def __init__(self, native, *, rank, world_size, device, store, prefix, timeout, hosts, p2p, nccl, nccl_why):
+        from gpucoll import _C
+
+        self._native = native
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self._store, self._prefix, self._timeout = store, prefix, float(timeout)
+        self._hosts, self._p2p = list(hosts), list(p2p)
+        self._nccl, self._nccl_why = nccl, nccl_why
+        self._sum = _C.RedOp.sum
+        self._logged: set = set()
+        self._exchanges = 0
+        self._closed = False
+        self.stats = {"custom": 0, "nccl": 0}
+        static = _C.custom_eligibility(world_size, self._hosts, self._p2p, _C.DType.float32, self._sum, False, 0, 0, 0)
+        self.static_reason = "" if static["ok"] else static["reason"]
+        if self.static_reason:
+            _log.warn(f"custom backend: its kernels cannot run on this communicator ({self.static_reason}); "
+                      f"{'NCCL runs every call' if nccl is not None else 'calls will raise Unsupported'}")
+
+    @property
+    def native(self):
+        """gpucoll._C.CustomComm (tests and tools)."""
+        return self._native
+
+    def check_buffer(self, buf, arg: str) -> None:
+        _cuda_buffers.check_device(buf, arg, self.device)
+
+    def check_timeout(self) -> None:
+        if self._native.timed_out():
+            raise CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.device}) waited longer than "
+                                    f"{self._timeout:g} s for a peer's flag; its results are invalid and the "
+                                    f"communicator is unusable", call="all_reduce")
+
+    # -- calls ----------------------------------------------------------------------------------------------------
+    def _decline(self, coll: int, src, dst, count: int, redop) -> str:
+        from gpucoll import _C
+        from gpucoll._nccl_backend import PreMulSum
+
+        if coll != _ALL_REDUCE:
+            return f"{_COLL_NAMES[coll]} has no custom kernel (they do all_reduce)"
+        premul = type(redop) is PreMulSum
+        op = self._sum if premul or redop is None else redop
+        reg = self._native.registered_bytes(src.ptr)
+        d = _C.custom_eligibility(self.world_size, self._hosts, self._p2p, src.dtype, op, premul, count, src.ptr,
+                                  dst.ptr, reg > 0, reg)
+        if d["alignment"]:
+            # A per-rank fact: falling back here alone would split the ranks between two backends.
+            raise InvalidArgument(f"x and out must be aligned to their element size for the custom backend: "
+                                  f"{d['reason']}")
+        return "" if d["ok"] else d["reason"]
+
+    def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False, algo="auto"):
+        if self._closed:
+            raise InvalidUsage("the custom backend is closed")
+        reason = self._decline(coll, src, dst, count, redop)
+        if reason:
+            return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
+        s = self._stream(src, stream)
+        name = resolve_algo(algo, count * src.itemsize, self.world_size)
+        self._native.all_reduce(src.ptr, dst.ptr, count, src.dtype, redop, name, s)
+        self.stats["custom"] += 1
+        if not async_op:
+            return None
+        from gpucoll import _C
+
+        event = _C.CudaEvent(self.device)
+        event.record(s)
+        return CustomWork(self, event, src.kind)
+
+    def _stream(self, buf, stream) -> int:
+        if stream is None:
+            return _cuda_buffers.current_stream(buf.kind, self.device, buf.stream)
+        return _cuda_buffers.stream_handle(stream, self.device)
+
+    def _require_nccl(self, what: str):
+        if self._nccl is None:
+            raise Unsupported(f"the custom backend cannot run {what}, and it has no NCCL fallback: {self._nccl_why}")
+        return self._nccl
+
+    def _fallback(self, reason, coll, src, dst, count, redop, root, stream, async_op):
+        nccl = self._require_nccl(f"this call ({reason})")
+        if reason not in self._logged:
+            self._logged.add(reason)
+            _log.info(f"custom backend: NCCL runs {_COLL_NAMES[coll]}: {reason}")
+        self.stats["nccl"] += 1
+        return nccl.collective(coll, src, dst, count, redop, root, stream, async_op)
+
+    def p2p(self, send: bool, peer: int, buf, stream=None, async_op=False):
+        return self._require_nccl("send/recv").p2p(send, peer, buf, stream, async_op)
+
+    def group(self):
+        return self._require_nccl("group()").group()
+
+    def barrier(self) -> None:
+        """Every rank's GPU work issued so far is done, then a store barrier."""
+        self._native.synchronize()
+        self.check_timeout()
+        self._store.barrier(self._key("barrier"), self.world_size, timeout=self._timeout, rank=self.rank)
+
+    # -- registration ---------------------------------------------------------------------------------------------
+    def _key(self, what: str) -> str:
+        self._exchanges += 1
+        return f"{self._prefix}{what}/{self._exchanges}"
+
+    def _allgather(self, what: str, value) -> list:
+        """Every rank's `value` (JSON-able) through the store, in rank order."""
+        key = self._key(what)
+        self._store.set_json(f"{key}/{self.rank}", value)
+        return [self._store.get_json(f"{key}/{r}", timeout=self._timeout) for r in range(self.world_size)]
+
+    def register(self, buf) -> None:
+        """Collective: map every rank's `buf` into every rank (see the module docstring)."""
+        handle, offset = self._native.export_buffer(buf.ptr)
+        rows = self._allgather("register", [handle.hex(), int(offset), int(buf.nbytes)])
+        sizes = {row[2] for row in rows}
+        if len(sizes) != 1:
+            raise InvalidArgument(f"register needs a buffer of the same size on every rank; got sizes {sorted(sizes)}")
+        self._native.register_ipc(buf.ptr, buf.nbytes, [(bytes.fromhex(h), off) for h, off, _ in rows])
+
+    def register_graph_buffers(self) -> int:
+        """Collective: register the inputs first seen during graph capture; returns how many."""
+        pending = self._native.pending()
+        mine = []
+        for ptr, _nbytes in pending:
+            handle, offset = self._native.export_buffer(ptr)
+            mine.append([handle.hex(), int(offset)])
+        rows = self._allgather("graph", mine)
+        counts = {len(row) for row in rows}
+        if len(counts) != 1:
+            raise InvalidUsage(f"ranks captured different numbers of new buffers ({[len(r) for r in rows]}); every "
+                               f"rank must capture the same calls")
+        self._native.register_pending_ipc([[(bytes.fromhex(rows[q][i][0]), rows[q][i][1])
+                                            for q in range(self.world_size)] for i in range(len(pending))])
+        return len(pending)
+
+    @contextlib.contextmanager
+    def graph_capture(self):
+        self._native.set_defer_registration(True)
+        try:
+            yield
+        finally:
+            self._native.set_defer_registration(False)
+        self.register_graph_buffers()
+
+    # -- teardown -------------------------------------------------------------------------------------------------
+    def abort(self, reason: str = "abort() was called") -> None:
+        if self._nccl is not None:
+            self._nccl.abort(reason)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._native.synchronize()
+            # No rank frees (and unmaps) memory a peer may still read: everyone's kernels finished first.
+            self._store.barrier(f"{self._prefix}close", self.world_size, timeout=min(self._timeout, 60.0),
+                                rank=self.rank)
+        except Exception as e:  # noqa: BLE001 - teardown never raises; a dead peer cannot read anything anyway
+            _log.debug(f"custom backend close: {e}")
+        self._native.close()
+        if self._nccl is not None:
+            self._nccl.close()
+
+
+def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
+    """This rank's custom communicator: allocate, exchange IPC handles and SM counts through `store`, map the
+    peers, prove P2P with a real copy, agree on the P2P matrix, and set up the NCCL fallback."""
+    from gpucoll import _C, _nccl_backend, config
+
+    check_usable()
+    P, rank = launch.world_size, launch.rank
+    if P > _C.CUSTOM_MAX_RANKS:
+        raise Unsupported(f"backend='custom' serves at most {_C.CUSTOM_MAX_RANKS} ranks; got world_size {P}")
+    probe = _C.cuda_probe()
+    dev = _nccl_backend.pick_device(launch.local_rank, device, int(probe["device_count"]), True)
+    generation = (store.add("gpucoll/custom/count", 1) - 1) // P
+    prefix = f"gpucoll/custom/{generation}/"
+    native = _C.CustomComm(rank, P, dev, half_bytes(), float(timeout))
+    try:
+        store.set_json(f"{prefix}hello/{rank}", [socket.gethostname(), native.ipc_handle().hex(), native.sms])
+        hello = [store.get_json(f"{prefix}hello/{r}", timeout=timeout) for r in range(P)]
+        hosts = [h[0] for h in hello]
+        if len(set(hosts)) == 1:
+            native.connect_ipc([bytes.fromhex(h[1]) for h in hello], min(int(h[2]) for h in hello))
+            row = list(native.p2p_row)
+        else:
+            row = [0] * P  # other nodes: nothing to map; eligibility names the nodes
+        store.set_json(f"{prefix}p2p/{rank}", row)
+        p2p = []
+        for r in range(P):
+            p2p += list(store.get_json(f"{prefix}p2p/{r}", timeout=timeout))
+        nccl, why = None, "GPUCOLL_CUSTOM_NCCL_FALLBACK=0"
+        if config.get_bool("GPUCOLL_CUSTOM_NCCL_FALLBACK"):
+            found = _nccl_backend.problems()
+            if found:
+                why = "; ".join(found)
+            else:
+                nccl = _nccl_backend.init_backend(launch, store, timeout, dev)
+    except BaseException:
+        native.close()
+        raise
+    _log.debug(f"custom communicator: rank {rank}/{P} on cuda:{dev}, {native.sms} SMs, P2P row {row}")
+    return CustomBackend(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
+                         hosts=hosts, p2p=p2p, nccl=nccl, nccl_why=why)
