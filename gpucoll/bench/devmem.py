@@ -13,6 +13,7 @@ current stream (where gpucoll's nccl backend orders its work), or the stream a v
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -109,19 +110,24 @@ class CudaMem(HostMem):
         self.lib = lib or cuda_lib()
         if self.lib is None:
             raise RuntimeError("CUDA buffers need torch with CUDA or CuPy with a usable GPU")
-        self._stream = stream
         if self.lib == "torch":
             import torch
 
             self._torch = torch
             self.label = f"cuda:{self.device} {torch.cuda.get_device_name(self.device)}"
+            if isinstance(stream, int):  # a raw cudaStream_t (virtual ranks' vr.streams)
+                stream = torch.cuda.ExternalStream(stream, device=f"cuda:{self.device}")
         else:
             import cupy
 
             self._cupy = cupy
+            if isinstance(stream, int):
+                with cupy.cuda.Device(self.device):
+                    stream = cupy.cuda.ExternalStream(stream)
             props = cupy.cuda.runtime.getDeviceProperties(self.device)
             name = props.get("name", b"")
             self.label = f"cuda:{self.device} {name.decode() if isinstance(name, bytes) else name}"
+        self._stream = stream
 
     # -- memory ---------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> np.ndarray:
@@ -144,28 +150,42 @@ class CudaMem(HostMem):
     def upload(self, host, dev, first: int, stop: int) -> None:
         if stop <= first:
             return
-        if self.lib == "torch":
-            dev[first:stop].copy_(self._torch.from_numpy(host[first:stop]), non_blocking=False)
-        else:
-            with self._cupy.cuda.Device(self.device):
-                dev[first:stop].set(host[first:stop])
+        with self._on_stream():
+            if self.lib == "torch":
+                dev[first:stop].copy_(self._torch.from_numpy(host[first:stop]), non_blocking=False)
+            else:
+                dev[first:stop].set(host[first:stop], stream=self.stream())
         self.synchronize()
 
     def download(self, dev, host, first: int, stop: int) -> None:
         if stop <= first:
             return
         self.synchronize()
-        if self.lib == "torch":
-            host[first:stop] = dev[first:stop].cpu().numpy()
-        else:
-            with self._cupy.cuda.Device(self.device):
-                host[first:stop] = dev[first:stop].get()
+        with self._on_stream():
+            if self.lib == "torch":
+                host[first:stop] = dev[first:stop].cpu().numpy()
+            else:
+                host[first:stop] = dev[first:stop].get(stream=self.stream())
 
     def copy(self, dst, src) -> None:
+        with self._on_stream():
+            if self.lib == "torch":
+                dst.copy_(src)
+            else:
+                self._cupy.copyto(dst, src)
+
+    @contextlib.contextmanager
+    def _on_stream(self):
+        """This device, and the run's stream as the framework's current one when the run has its own (a virtual
+        rank's): copies then order with the collectives on that stream instead of racing them."""
+        own = self._stream is not None and self._stream != "device"
         if self.lib == "torch":
-            dst.copy_(src)
+            with self._torch.cuda.device(self.device), (self._torch.cuda.stream(self._stream) if own
+                                                         else contextlib.nullcontext()):
+                yield
         else:
-            self._cupy.copyto(dst, src)
+            with self._cupy.cuda.Device(self.device), (self._stream if own else contextlib.nullcontext()):
+                yield
 
     # -- streams, time, graphs ------------------------------------------------------------------------------
     def stream(self):

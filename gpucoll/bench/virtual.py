@@ -2,7 +2,7 @@
 
 gpucoll's own kernels can run P ranks on one GPU from one process: ``vr = gpucoll.testing.virtual_ranks(P,
 device=0)`` holds P communicators (``vr.comms``) and issues one collective on all of them at once, each rank on
-its own stream (``vr.all_reduce([x0, ..., xP-1], out=[...], op=..., algo=...)``). The harness, though, is written
+its own stream (``vr.all_reduce([x0, ..., xP-1], outs=[...], op=..., algo=...)``). The harness, though, is written
 for one rank per caller. This module is the one adapter between the two: each virtual rank runs the unchanged
 harness in its own thread with a VirtualComm; every collective call is a rendezvous of the P threads, and the last
 to arrive issues the call on all P ranks through `vr`. The harness's bookkeeping (times, wrong counts) goes through
@@ -35,6 +35,13 @@ def _factory():
     return getattr(testing, "virtual_ranks", None)
 
 
+def _runs(coll: str) -> bool:
+    """Whether virtual ranks run `coll` (gpucoll.testing.VirtualRanks has a method of that name)."""
+    from gpucoll import testing
+
+    return coll in SUPPORTED and hasattr(getattr(testing, "VirtualRanks", object), coll)
+
+
 def problem(coll: str | None = None) -> str | None:
     """Why --backend custom cannot run here (one sentence that says what to use instead), or None."""
     from gpucoll import _C
@@ -49,8 +56,7 @@ def problem(coll: str | None = None) -> str | None:
                 "gpucoll does not have; use --backend nccl (or --backend host)")
     if devmem.cuda_lib() is None:
         return "--backend custom allocates CUDA buffers with torch or CuPy: install one with CUDA support"
-    factory = _factory()
-    if coll is not None and (coll not in SUPPORTED or (isinstance(factory, type) and not hasattr(factory, coll))):
+    if coll is not None and not _runs(coll):
         return f"--backend custom (gpucoll's own kernels) does not run {coll}: use --backend nccl"
     return None
 
@@ -109,7 +115,7 @@ def _issue(vr, name: str, kwargs: dict):
         outs = [v[1] for v in values]
         extra = dict(kwargs)
         if any(o is not None for o in outs):
-            extra["out"] = outs
+            extra["outs"] = outs
         res = fn(xs, **extra)
         return res if isinstance(res, (list, tuple)) and len(res) == len(values) else None
     return combine

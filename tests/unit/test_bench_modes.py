@@ -137,13 +137,13 @@ class FakeVirtualRanks:
         self.n, self.device, self.calls, self.closed = nranks, device, [], False
         FakeVirtualRanks.instances.append(self)
 
-    def all_reduce(self, xs, out=None, op="sum", algo="auto"):
+    def all_reduce(self, xs, outs=None, op="sum", algo="auto"):
         self.calls.append(("all_reduce", algo))
         red = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op].reduce(
             np.stack([np.array(x) for x in xs]))
-        for o in (out or xs):
+        for o in (outs or xs):
             o[...] = red
-        return out or xs
+        return outs or xs
 
     def broadcast(self, xs, root=0, algo="auto"):
         self.calls.append(("broadcast", algo))
@@ -156,10 +156,23 @@ class FakeVirtualRanks:
         self.closed = True
 
 
+def test_fake_matches_the_real_virtual_ranks():
+    """The adapter calls what gpucoll.testing.VirtualRanks really takes (the fake below stands in for it on CPU)."""
+    import inspect
+
+    from gpucoll import testing
+
+    real = inspect.signature(testing.VirtualRanks.all_reduce).parameters
+    fake = inspect.signature(FakeVirtualRanks.all_reduce).parameters
+    assert list(fake) == [n for n in real if n in fake] and {"xs", "outs", "op", "algo"} <= set(real)
+    assert virtual._runs("all_reduce") and not virtual._runs("broadcast")
+
+
 @pytest.fixture
 def fake_vr(monkeypatch):
     FakeVirtualRanks.instances = []
     monkeypatch.setattr(virtual, "_factory", lambda: FakeVirtualRanks)
+    monkeypatch.setattr(virtual, "_runs", lambda coll: hasattr(FakeVirtualRanks, coll))
     monkeypatch.setattr(devmem, "for_comm", lambda comm, staged=False: devmem.StagedHostMem())
     return FakeVirtualRanks
 
@@ -176,7 +189,7 @@ def test_virtual_ranks_adapter(fake_vr, coll, ops, algo):
 
 
 def test_virtual_rank_failure_is_raised_with_its_rank(fake_vr, monkeypatch):
-    def broken(self, xs, out=None, op="sum", algo="auto"):
+    def broken(self, xs, outs=None, op="sum", algo="auto"):
         raise ValueError("kernel said no")
 
     monkeypatch.setattr(FakeVirtualRanks, "all_reduce", broken)
