@@ -42,10 +42,16 @@ def fit(docs, link_class: str = "", local: int = 0) -> dict:
                 raise SystemExit(f"gpucoll-tune: backend {backend!r} results need --link-class (e.g. NVL, PIX)")
             model_backend = "custom" if backend == "custom" else "nccl" if backend == "nccl" else "host"
             groups.setdefault((model_backend, algo, cls, coll, nranks), []).append((size, t))
-    fits = {}
+    fits, skipped = {}, []
     for (backend, algo, cls, coll, nranks), pts in sorted(groups.items()):
+        if backend == "nccl" and algo in ("", "auto", "nccl"):
+            # NCCL picks its own algorithm (gpucoll-bench runs it as auto): fit the pattern the model prices
+            # NCCL with for this collective (a ring, or send/recv for all_to_all, gather and scatter).
+            algo = "ring" if _C.topo_model_terms("nccl", "ring", coll, nranks, local) else "direct"
         terms = _C.topo_model_terms(backend if backend != "host" else "custom", algo, coll, nranks, local)
         if terms is None or len(pts) < 2:
+            why = "fewer than two sizes" if terms is not None else f"the model has no {algo!r} for {coll}"
+            skipped.append(f"{backend}:{algo} {coll} {nranks} ranks: {why}")
             continue
         steps, per_byte = terms
         sizes = np.array([p[0] for p in pts], dtype=float)
@@ -64,7 +70,7 @@ def fit(docs, link_class: str = "", local: int = 0) -> dict:
         fits[key] = {"a_s": a, "b_s_per_byte": b, "collective": coll, "nranks": nranks, "points": len(pts),
                      "r2": 1 - ss_res / ss_tot, "max_rel_error": worst,
                      "source": f"gpucoll-tune fit of {len(pts)} points ({coll}, {nranks} ranks)"}
-    return {"format": "gpucoll-tuning", "version": 1, "fits": fits}
+    return {"format": "gpucoll-tuning", "version": 1, "fits": fits, "skipped": skipped}
 
 
 def main(argv=None) -> int:
@@ -79,6 +85,8 @@ def main(argv=None) -> int:
         with open(path) as f:
             docs.append(json.load(f))
     out = fit(docs, args.link_class, args.local_size)
+    for line in out.pop("skipped"):
+        print(f"gpucoll-tune: skipped {line}", file=sys.stderr)
     if not out["fits"]:
         print("gpucoll-tune: no (algorithm, size) series with at least two sizes in the input", file=sys.stderr)
         return 2

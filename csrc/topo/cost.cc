@@ -29,8 +29,9 @@ constexpr double kNcclNvlsEff = 484.0 / 450.0;
 // LL moves 4 bytes of data per 8-byte store with a flag; NCCL caps it far below Simple (tuning.cc llMaxBws).
 // Estimate, pending calibration: 0.35 of the link.
 constexpr double kNcclLLEff = 0.35;
-// Our P2P kernels do not exist yet: assume 0.6 of the link (vLLM's custom allreduce loses to NCCL above
-// ~8 MB on A100/H100, which is why its default max size is 8 MB). Estimate; gpucoll-tune replaces it.
+// Our P2P kernels (issue 5) have not been measured on a GPU yet: assume 0.6 of the link (vLLM's custom
+// allreduce loses to NCCL above ~8 MB on A100/H100, which is why its default max size is 8 MB). Estimate;
+// gpucoll-tune replaces it with a fit of gpucoll-bench --backend custom runs.
 constexpr double kCustomEff = 0.6;
 // Latencies in seconds. NCCL: src/graph/tuning.cc (2.1x-2.2x) base latency ring LL 6.6 us, Simple 8.4 us; per
 // step ("hwLat") ring LL over NVLink 0.6, PCI 1.0, NET 2.7 us; Simple 3.4, 5.7, 14 us. NVLS base: estimate.
@@ -44,8 +45,8 @@ double nccl_step_lat(LinkClass c, bool ll) {
 // ~3 us over PCIe (one round trip of a 4-byte write and poll). Estimates until measured.
 constexpr double kCustomLaunch = 4e-6;
 double custom_step_lat(LinkClass c) { return c == LinkClass::kNVL ? 1.5e-6 : 3e-6; }
-// Network: NIC line rate x 0.92 (IB/RoCE payload efficiency after headers); 100 Gb/s when the NIC speed is
-// unknown (a note says so).
+// Network: NIC line rate x 0.92 for IB/RoCE payload after headers (estimate, not measured here); 100 Gb/s
+// per host when no NIC or its speed is unknown (an assumption).
 constexpr double kNetEff = 0.92;
 constexpr double kDefaultNicGbps = 100;
 // Paths that cannot do P2P are staged through host memory (NCCL's SHM transport): each byte crosses PCIe twice
@@ -93,6 +94,9 @@ const Counts& counts(const std::string& name, algo::Coll coll, int nranks, int l
   return cache.emplace(key, c).first->second;
 }
 
+// When an importer could not see the PCIe generation: Hopper boards are PCIe gen 5, Ampere gen 4, older gen 3
+// (NVIDIA's H100/A100/V100 datasheets), x16 (every datacenter GPU's slot). When the NVLink generation is unknown
+// (infer_defaults could not tell it): gen 3, the A100's. Assumption, not a measurement.
 int pcie_gen_of(const Gpu& g) { return g.pcie_gen > 0 ? g.pcie_gen : g.cc_major >= 9 ? 5 : g.cc_major == 8 ? 4 : 3; }
 double pcie_bw(const Gpu& g) { return pcie_lane_bw(pcie_gen_of(g)) * (g.pcie_width > 0 ? g.pcie_width : 16); }
 int nvlink_gen_of(const Gpu& g) { return g.nvlink_gen > 0 ? g.nvlink_gen : 3; }
@@ -430,7 +434,13 @@ Candidate host(const Ctx& x, const std::string& only) {
   std::string why;
   for (const algo::Algorithm* a : algo::algorithms()) {
     if (!only.empty() && only != a->name) continue;
-    const algo::Prediction p = algo::predict(*a, x.coll, P, static_cast<int64_t>(x.S), P, cp);
+    algo::Prediction p = algo::predict(*a, x.coll, P, static_cast<int64_t>(x.S), P, cp);
+    // A gpucoll-tune fit of this schedule on the host backend ("host:ring@SHM") replaces the host model's a, b.
+    const auto fit = x.tuning.fits.find(std::string("host:") + a->name + "@SHM");
+    const Counts& k = counts(a->name, x.coll, P, P);
+    if (p.usable && fit != x.tuning.fits.end() && k.ok) {
+      p.seconds = k.steps * fit->second.a_s + k.per_byte * x.S * fit->second.b_s_per_byte;
+    }
     if (!p.usable) why = p.reason;
     if (p.usable && (best < 0 || p.seconds < best)) {
       best = p.seconds;
@@ -449,7 +459,10 @@ Candidate host(const Ctx& x, const std::string& only) {
   const double pcie = x.node0.empty() ? 1e15 : pcie_bw(x.t.gpus[static_cast<size_t>(x.node0[0])]) * 0.8;
   c.seconds = best + 2 * x.S / pcie + 2 * 5e-6;
   c.usable = true;
-  c.model = "host cost model (algo/selector.h) + 2 PCIe copies";
+  const auto fit = x.tuning.fits.find("host:" + c.algorithm + "@SHM");
+  c.model = (fit != x.tuning.fits.end() ? "tuned host:" + c.algorithm + "@SHM (" + fit->second.source + ")"
+                                        : std::string("host cost model (algo/selector.h)")) +
+            " + 2 PCIe copies";
   c.busbw = x.S * busbw_factor(x.coll, P) / c.seconds;
   return c;
 }

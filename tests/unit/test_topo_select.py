@@ -167,3 +167,46 @@ def test_tune_fits_host_bench_json(tmp_path):
     assert fit["a_s"] == pytest.approx(a, rel=1e-3) and fit["b_s_per_byte"] == pytest.approx(b, rel=1e-3)
     assert fit["r2"] > 0.999
     assert _C.topo_check_tuning(out.read_text()) == 1
+
+
+def _bench_doc(backend, algo, coll, nranks, a, b, model_backend=None):
+    """A gpucoll-bench --json document whose times follow steps * a + bytes * b exactly."""
+    from gpucoll import _C
+
+    steps, per_byte = _C.topo_model_terms(model_backend or backend, algo if algo != "auto" else "ring", coll, nranks, 0)
+    rows = [{"size": size, "count": size // 4, "type": "float32", "redop": "sum", "root": 0, "collective": coll,
+             "algo": algo, "actual_iterations": 5,
+             "out_of_place": {"time": (steps * a + size * per_byte * b) * 1e6, "alg_bw": 0, "bus_bw": 0, "nwrong": 0.0}}
+            for size in [4096 << k for k in range(10)]]
+    return {"config": {"collective": coll}, "environment": {"backend": backend, "nranks": nranks}, "results": rows}
+
+
+def test_tune_nccl_auto_rows_and_fit_table(tmp_path, capsys):
+    from gpucoll import tune
+
+    # NCCL runs are benchmarked as algo=auto: they are fitted as the ring the model prices NCCL with.
+    src = tmp_path / "nccl.json"
+    src.write_text(json.dumps(_bench_doc("nccl", "auto", "all_reduce", 8, 5e-6, 1 / 300e9)))
+    bad = tmp_path / "one.json"
+    doc = _bench_doc("nccl", "auto", "broadcast", 8, 5e-6, 1 / 300e9)
+    doc["results"] = doc["results"][:1]
+    bad.write_text(json.dumps(doc))
+    out = tmp_path / "tuning.json"
+    assert tune.main([str(src), str(bad), "-o", str(out), "--link-class", "NVL"]) == 0
+    captured = capsys.readouterr()
+    assert "R^2" in captured.out and "nccl:ring@NVL" in captured.out and "max err" in captured.out
+    assert "skipped nccl:ring broadcast 8 ranks: fewer than two sizes" in captured.err
+    fit = json.loads(out.read_text())["fits"]["nccl:ring@NVL"]
+    assert fit["b_s_per_byte"] == pytest.approx(1 / 300e9, rel=1e-3) and fit["r2"] > 0.999
+    c = T.select(load("h100_8x_nvsmi.txt"), "all_reduce", 1 << 30, algo="nccl:ring", tuning=out.read_text())
+    assert c["model"].startswith("tuned nccl:ring@NVL")
+
+
+def test_host_candidate_honours_host_fits():
+    t = load("pcie_2x_nvsmi.txt")
+    tuning = json.dumps({"fits": {"host:ring@SHM": {"a_s": 1e-9, "b_s_per_byte": 1e-15, "source": "test"}}})
+    c = T.select(t, "all_reduce", 1 << 20, algo="host", tuning=tuning)
+    assert c["algorithm"] == "ring" and c["model"].startswith("tuned host:ring@SHM (test)")
+    assert T.select(t, "all_reduce", 1 << 20, algo="host:tree")["algorithm"] == "tree"
+    with pytest.raises(InvalidArgument, match="host backend has no schedule named warp"):
+        T.select(t, "all_reduce", 1 << 20, algo="host:warp")
