@@ -98,6 +98,15 @@ def _probe_nccl():
     return (not found), "; ".join(found)
 
 
+def custom_algorithms() -> tuple:
+    """What this build's custom backend implements (its ALGORITHMS, else issue 5's all_reduce kernels)."""
+    try:
+        from gpucoll import _custom_backend
+    except ImportError:
+        return _CUSTOM_DEFAULT
+    return tuple(getattr(_custom_backend, "ALGORITHMS", _CUSTOM_DEFAULT))
+
+
 def _probe_custom():
     try:
         from gpucoll import _custom_backend
@@ -105,7 +114,7 @@ def _probe_custom():
         return False, f"the custom backend is not part of this build ({e})", ()
     problems = getattr(_custom_backend, "problems", None)
     found = list(problems()) if problems is not None else []
-    return (not found), "; ".join(found), tuple(getattr(_custom_backend, "ALGORITHMS", _CUSTOM_DEFAULT))
+    return (not found), "; ".join(found), custom_algorithms()
 
 
 def size_bucket(nbytes: int) -> int:

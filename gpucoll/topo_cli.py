@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from gpucoll import topology
+from gpucoll import _select, topology
 from gpucoll.errors import GpucollError
 
 
@@ -51,11 +51,15 @@ def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_no
     doc["ring"] = topology.ring(topo, node0)
     doc["p2p_ring"] = topology.ring(topo, node0, require_p2p=True)
     doc["trees"] = topology.trees(topo, nranks_per_node, nodes)
+    # The custom backend as this build has it (issue 5: all_reduce kernels), so the table shows what would run.
+    custom = _select.custom_algorithms()
+    doc["custom_algorithms"] = list(custom)
     esize = {"float64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}.get(dtype, 4)
     for s in sizes():
         if s % esize:
             continue
-        choice = topology.select(topo, coll, s, dtype, nranks_per_node, nodes, tuning=tuning)
+        choice = topology.select(topo, coll, s, dtype, nranks_per_node, nodes, tuning=tuning,
+                                 custom_algorithms=custom)
         doc["rows"].append({**choice, "size": s})
     return doc
 
@@ -93,6 +97,8 @@ def print_report(doc: dict, out=sys.stdout) -> None:
           file=out)
     tr = doc["trees"]
     print(f"# trees: chain per node {tr['chains']}; between nodes (parent, child): {tr['inter'] or '-'}", file=out)
+    print(f"# custom kernels modelled: {', '.join(doc['custom_algorithms']) or 'all'}; NCCL picks its own "
+          f"algorithm (the column is the model's guess)", file=out)
     print(f"{'size':>10}  {'backend':<12} {'algorithm':<14} {'proto':<7} {'time (us)':>11} {'busbw (GB/s)':>13}  model",
           file=out)
     for r in doc["rows"]:

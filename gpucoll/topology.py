@@ -104,17 +104,21 @@ def hosts_of_ranks(topo: Topology) -> dict:
 
 
 def candidates(topo: Topology, coll: str, nbytes: int, dtype: str = "float32", nranks_per_node: int = 0,
-               nodes: int = 0, custom: bool = True, nccl: bool = True, host: bool = True, tuning: str = "") -> list:
-    """Every backend/algorithm priced for the call (usable or not, with reasons)."""
-    return _C.topo_candidates(topo, coll, nbytes, dtype, nranks_per_node, nodes, custom, nccl, host, tuning)
+               nodes: int = 0, custom: bool = True, nccl: bool = True, host: bool = True, tuning: str = "",
+               custom_algorithms=()) -> list:
+    """Every backend/algorithm priced for the call (usable or not, with reasons). ``custom_algorithms``: what
+    the custom backend implements ("all_reduce:oneshot", or "oneshot" for every collective; empty: all)."""
+    return _C.topo_candidates(topo, coll, nbytes, dtype, nranks_per_node, nodes, custom, nccl, host, tuning,
+                              custom_algorithms=list(custom_algorithms))
 
 
 def select(topo: Topology, coll: str, nbytes: int, dtype: str = "float32", nranks_per_node: int = 0,
            nodes: int = 0, algo: str = "auto", custom: bool = True, nccl: bool = True, host: bool = True,
-           tuning: str = "") -> dict:
+           tuning: str = "", custom_algorithms=()) -> dict:
     """The chosen backend/algorithm. ``algo`` ("oneshot", "nccl", "nccl:ring", ...) or GPUCOLL_ALGO wins; an
     impossible one raises InvalidArgument saying why."""
-    return _C.topo_select(topo, coll, nbytes, dtype, nranks_per_node, nodes, custom, nccl, host, algo, tuning)
+    return _C.topo_select(topo, coll, nbytes, dtype, nranks_per_node, nodes, custom, nccl, host, algo, tuning,
+                          custom_algorithms=list(custom_algorithms))
 
 
 def ring(topo: Topology, gpus, require_p2p: bool = False) -> list:
