@@ -30,6 +30,10 @@ _ALL_REDUCE = 0
 _COLL_NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 
 
+# What the kernels implement, in the selector's "collective:algorithm" terms (gpucoll/_select.py).
+ALGORITHMS = ("all_reduce:oneshot", "all_reduce:twoshot", "all_reduce:ring", "all_reduce:tree")
+
+
 def problems(build=None, probe=None) -> list:
     """Why ``backend='custom'`` cannot run in this process ([] when it can); the arguments default to this
     process's state, tests pass fakes."""
@@ -47,6 +51,14 @@ def problems(build=None, probe=None) -> list:
     elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
         out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')}")
     return out
+
+
+def takes_auto(world_size: int) -> bool:
+    """Whether backend='auto' on a GPU becomes this backend (our kernels with NCCL behind them, chosen per call by
+    the topology model) rather than NCCL alone: kernels built, a usable GPU, 2 to CUSTOM_MAX_RANKS ranks."""
+    from gpucoll import _C
+
+    return 2 <= world_size <= _C.CUSTOM_MAX_RANKS and not problems()
 
 
 def check_usable(what: str = "backend='custom'") -> None:
@@ -128,6 +140,7 @@ class CustomBackend:
         self._logged: set = set()
         self._exchanges = 0
         self._closed = False
+        self._broken = False
         self.stats = {"custom": 0, "nccl": 0}
         static = _C.custom_eligibility(world_size, self._hosts, self._p2p, _C.DType.float32, self._sum, False, 0, 0, 0)
         self.static_reason = "" if static["ok"] else static["reason"]
@@ -145,6 +158,9 @@ class CustomBackend:
 
     def check_timeout(self) -> None:
         if self._native.timed_out():
+            # Every later wait of this communicator gives up at once (the flag stays set): refuse further calls
+            # instead of returning garbage.
+            self._broken = True
             raise CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.device}) waited longer than "
                                     f"{self._timeout:g} s for a peer's flag; its results are invalid and the "
                                     f"communicator is unusable", call="all_reduce")
@@ -170,6 +186,9 @@ class CustomBackend:
     def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False, algo="auto"):
         if self._closed:
             raise InvalidUsage("the custom backend is closed")
+        if self._broken:
+            raise InvalidUsage("a custom allreduce of this communicator timed out waiting for a peer; the "
+                               "communicator is unusable: close it and create a new one")
         reason = self._decline(coll, src, dst, count, redop)
         if reason:
             return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
@@ -194,6 +213,26 @@ class CustomBackend:
         if self._nccl is None:
             raise Unsupported(f"the custom backend cannot run {what}, and it has no NCCL fallback: {self._nccl_why}")
         return self._nccl
+
+    def nccl_collective(self, reason, coll, src, dst, count, redop, root, stream=None, async_op=False):
+        """A call the selector gave NCCL (`reason`: the model's, logged once per distinct reason)."""
+        if self._closed:
+            raise InvalidUsage("the custom backend is closed")
+        return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
+
+    # -- what the selector needs (gpucoll/_select.py) -------------------------------------------------------------
+    def availability(self):
+        """This rank's backends for the selector: our kernels (all_reduce ones), and NCCL when it was set up."""
+        from gpucoll import _select
+
+        return _select.probe_availability(nccl=True if self._nccl is not None else self._nccl_why, custom=True,
+                                          custom_algorithms=ALGORITHMS)
+
+    def p2p_failed_pairs(self) -> list:
+        """Rank pairs on one host whose real-copy P2P probe failed (the agreed matrix every rank holds)."""
+        P = self.world_size
+        return [(a, b) for a in range(P) for b in range(a + 1, P)
+                if self._hosts[a] == self._hosts[b] and not (self._p2p[a * P + b] and self._p2p[b * P + a])]
 
     def _fallback(self, reason, coll, src, dst, count, redop, root, stream, async_op):
         nccl = self._require_nccl(f"this call ({reason})")

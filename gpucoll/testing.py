@@ -105,8 +105,15 @@ class VirtualRanks:
         handles = self.streams if streams is None else [_cuda_buffers.stream_handle(s, self.device) for s in streams]
         if len(handles) != self.nranks:
             raise InvalidArgument(f"streams must hold {self.nranks} streams")
-        for r, c in enumerate(self.comms):
-            c.all_reduce(src[r].ptr, dst[r].ptr, src[r].count, src[r].dtype, redop, name, handles[r])
+        # Piece i of every rank before piece i + 1 of any: a rank's later piece queued ahead of a peer's earlier one
+        # deadlocks where two ranks' streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS) or a launch
+        # queue fills (see CustomComm::all_reduce).
+        piece, npieces = 0, 1
+        while piece < npieces:
+            for r, c in enumerate(self.comms):
+                npieces = c.all_reduce(src[r].ptr, dst[r].ptr, src[r].count, src[r].dtype, redop, name, handles[r],
+                                       piece=piece)
+            piece += 1
         return [b.obj for b in dst]
 
     def register(self, xs) -> None:

@@ -32,18 +32,19 @@ struct PeerTable {
 constexpr uint32_t kBarrierStride = 64;
 constexpr uint32_t kProbeMagic = 0x6770636cu;  // "gpcl": what the P2P probe expects in a peer's probe word
 
-// A rank's signal area. Every field is a whole, naturally aligned 32-bit word with exactly one writer, so
+// A rank's signal area. Every field is a whole, naturally aligned 32- or 64-bit word with exactly one writer, so
 // there are no sub-word races (the vLLM #2742/#2760 bug class: byte flags packed into one word, written by
 // different ranks, lose each other's updates).
 struct alignas(128) Signals {
   // flag[b][q]: written only by rank q's block b (one thread), read by this rank's block b. Values are epoch
   // counters, calls * kBarrierStride + barrier + 1, so they only grow: nothing is ever reset between calls,
   // and a waiter needs "at least my value" (a peer may already have moved one barrier further).
-  uint32_t flag[kMaxBlocks][kMaxRanks];
+  // 64-bit so that a row some calls leave alone (they have fewer blocks) never looks ahead after a wrap.
+  uint64_t flag[kMaxBlocks][kMaxRanks];
   // Local to this rank (peers never touch them):
-  uint32_t calls;        // kernels of this communicator completed so far; read by every block at its start
+  uint64_t calls;        // kernels of this communicator completed so far; read by every block at its start
   uint32_t blocks_done;  // blocks of the running kernel that finished; the last one bumps `calls`
-  uint32_t timed_out;    // non-zero (the epoch value waited for) once a wait gave up; read by the host
+  uint32_t timed_out;    // non-zero (1 + the barrier number that gave up) once a wait gave up; read by the host
   uint32_t probe;        // kProbeMagic ^ rank, written at set-up: peers read it to prove the mapping works
 };
 
@@ -67,8 +68,8 @@ struct AllReduceArgs {
   int threads = kThreads;
 };
 
-// Enqueue one allreduce on `stream`. count * dtype size must fit half_bytes unless `inputs` is given and the
-// algorithm reads inputs in place (one-shot, two-shot). Returns cudaErrorInvalidValue for a dtype/op without a
+// Enqueue one allreduce on `stream`. count * dtype size must fit half_bytes (every algorithm may stage or hold
+// its result there, registered input or not). Returns cudaErrorInvalidValue for a dtype/op without a
 // kernel or a bad shape, else the launch's status.
 cudaError_t launch_one_shot(const AllReduceArgs& a, cudaStream_t stream);
 cudaError_t launch_two_shot(const AllReduceArgs& a, cudaStream_t stream);

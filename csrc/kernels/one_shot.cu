@@ -10,6 +10,10 @@
 //                     user's own buffer, which the user may overwrite as soon as this kernel completes; the
 //                     staged path runs the same barrier so both paths take the same number of barriers
 //                     (ranks that disagreed about registration then read wrong data instead of deadlocking).
+// Registered input and `out` overlapping it (in place): writing out[slice b] before barrier 1 would overwrite
+// our input while peers' block b may still be reading it (their reduce can start after ours). So such a rank
+// reduces into its own staging half (which nobody reads in a registered call) and copies to `out` after
+// barrier 1. The decision is this rank's alone: peers' kernels are the same either way.
 // Every rank reduces the same P values in the same order, so all ranks get identical bits.
 #include "kernels/custom_dispatch.cuh"
 #include "kernels/peer_ops.cuh"
@@ -31,8 +35,13 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(AllReduceArgs a, Op 
     src.p[q] = staged ? at<T>(staging(a, q, s.calls), r.begin)
                       : at<T>(static_cast<const void*>(a.inputs->ptr[q]), a.in_offset + r.begin);
   }
-  block_reduce(at<T>(a.out, r.begin), src, r.count, op, fin);
+  const uintptr_t in_b = reinterpret_cast<uintptr_t>(a.in), out_b = reinterpret_cast<uintptr_t>(a.out);
+  const size_t bytes = a.count * sizeof(T);
+  const bool hold = !staged && out_b < in_b + bytes && in_b < out_b + bytes;
+  T* dst = hold ? at<T>(staging(a, a.rank, s.calls), r.begin) : at<T>(a.out, r.begin);
+  block_reduce(dst, src, r.count, op, fin);
   barrier(s, 1);
+  if (hold) block_copy(at<T>(a.out, r.begin), static_cast<const T*>(dst), r.count, NoFinish{});
   end_call(s);
 }
 
@@ -45,8 +54,9 @@ struct OneShotKernel {
 
 }  // namespace
 
+// Staging must hold the call even with a registered input: an in-place rank holds its result there.
 cudaError_t launch_one_shot(const AllReduceArgs& a, cudaStream_t stream) {
-  return launch_kernel<OneShotKernel>(a, a.inputs == nullptr, stream);
+  return launch_kernel<OneShotKernel>(a, true, stream);
 }
 
 cudaError_t one_shot_blocks_per_sm(DType dtype, RedOp op, int* out) {

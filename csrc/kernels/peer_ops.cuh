@@ -162,13 +162,13 @@ __device__ __forceinline__ const T* at(const void* base, size_t elems) {
 // Rank q's half of the staging buffer for this call: calls alternate halves, so a call never overwrites the
 // half that a slower peer may still be reading from the previous call (it finished that call before it
 // could arrive at this call's first barrier, which is what the call after this one waits for).
-__device__ __forceinline__ void* staging(const AllReduceArgs& a, int q, uint32_t calls) {
+__device__ __forceinline__ void* staging(const AllReduceArgs& a, int q, uint64_t calls) {
   return static_cast<char*>(a.bufs.ptr[q]) + (calls & 1u) * a.half_bytes;
 }
 
 // Copies this block's slice of every chunk of `in` into this rank's staging half (nchunks slicing).
 template <class T>
-__device__ __forceinline__ void stage_input(const AllReduceArgs& a, uint32_t calls, int nchunks) {
+__device__ __forceinline__ void stage_input(const AllReduceArgs& a, uint64_t calls, int nchunks) {
   T* mine = static_cast<T*>(staging(a, a.rank, calls));
   for (int c = 0; c < nchunks; ++c) {
     const Range r = block_slice<T>(chunk_range(a.count, nchunks, c));

@@ -23,8 +23,12 @@
 // Why epochs instead of set/reset flags: a flag that is set by the peer and reset by the waiter has two
 // writers, and a reset can race the next call's set (back-to-back calls, CUDA graph replays). Epoch values
 // only grow, each word has one writer, and "value >= expected" tolerates a peer that is already one barrier
-// ahead (it cannot be further ahead: it would need our arrival at the next barrier). The comparison is done
-// on the signed difference, so the 32-bit counter may wrap.
+// ahead (it cannot be further ahead: it would need our arrival at the next barrier).
+// Why 64-bit words: the grid size varies with the message, so flag row b is only written by calls that have a
+// block b; a row left alone while small calls run keeps an old value. With 32-bit epochs and a wrap-tolerant
+// signed comparison, a row untouched for 2^31 / kBarrierStride = 33.5M calls (hours of small allreduces in
+// tensor-parallel inference) would compare as AHEAD of the current epoch and let block b read peer data that
+// is not there yet. 64-bit epochs do not wrap in any lifetime (2^58 calls).
 //
 // `calls` lives in device memory (Signals::calls) and is bumped by the last block of each kernel, so CUDA
 // graph replays advance it exactly like eager launches (a host-side counter would be frozen into the graph).
@@ -38,13 +42,13 @@
 
 namespace gpucoll::cuda::custom {
 
-__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -60,14 +64,14 @@ struct Sync {
   PeerTable sigs;
   int rank;
   int nranks;
-  uint32_t calls;
+  uint64_t calls;
   uint64_t timeout_ns;
 };
 
 // Reads this communicator's call number. Every block of the kernel reads the same value: the only write,
 // by the last block to finish (end_call), happens after every block has passed this point.
 __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
-  __shared__ uint32_t calls;
+  __shared__ uint64_t calls;
   Signals* self = static_cast<Signals*>(a.sigs.ptr[a.rank]);
   // A plain load: `calls` is written only by this rank's previous kernel on the same stream, whose writes
   // are visible once it completed.
@@ -84,16 +88,16 @@ __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
 }
 
 __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
-  const uint32_t value = s.calls * kBarrierStride + k + 1;
+  const uint64_t value = s.calls * kBarrierStride + k + 1;
   __syncthreads();  // (1) the block's work of the step is done
   const int q = static_cast<int>(threadIdx.x);
   if (q < s.nranks) {
     Signals* peer = static_cast<Signals*>(s.sigs.ptr[q]);
     st_release_sys(&peer->flag[blockIdx.x][s.rank], value);  // (2) publish it to rank q
-    const uint32_t* mine = &s.self->flag[blockIdx.x][q];
+    const uint64_t* mine = &s.self->flag[blockIdx.x][q];
     uint64_t start = 0;
     uint32_t spins = 0;
-    while (static_cast<int32_t>(ld_acquire_sys(mine) - value) < 0) {  // (3) wait for rank q
+    while (ld_acquire_sys(mine) < value) {  // (3) wait for rank q
       // The timer is read every 1024 spins only: %globaltimer costs about as much as a flag load.
       if (s.timeout_ns != 0 && (++spins & 1023u) == 0) {
         const uint64_t now = global_timer_ns();
@@ -103,7 +107,7 @@ __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
           start = now;
         } else if (now - start > s.timeout_ns) {
           // Give up rather than hang: the host finds timed_out set and raises; the data of this call is garbage.
-          atomicMax(&s.self->timed_out, value);
+          atomicMax(&s.self->timed_out, k + 1);
           break;
         }
       }

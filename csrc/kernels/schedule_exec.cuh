@@ -28,7 +28,8 @@
 
 namespace gpucoll::cuda::custom {
 
-constexpr int kMaxStepOps = kMaxRanks + 1;
+// Ops of one rank in one step: a group's sources (Srcs, kMaxRanks + 1 entries) are these plus `dst` itself.
+constexpr int kMaxStepOps = kMaxRanks;
 
 GPUCOLL_HD inline algo::Params allreduce_params(int nranks) {
   algo::Params p;

@@ -139,14 +139,15 @@ void bind_cuda(py::module_& m) {
       .def(
           "all_reduce",
           [](CustomComm& c, uintptr_t in, uintptr_t out, size_t count, DType dtype, RedOp op, const std::string& algo,
-             uintptr_t stream, int max_blocks) {
+             uintptr_t stream, int max_blocks, int64_t piece) {
             const Algo a = algo_arg(algo);
             py::gil_scoped_release release;
-            c.all_reduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count, dtype, op, a,
-                         as_stream(stream), max_blocks);
+            return c.all_reduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count, dtype, op, a,
+                                as_stream(stream), max_blocks, piece);
           },
           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("algo"),
-          py::arg("stream"), py::arg("max_blocks") = 0)
+          py::arg("stream"), py::arg("max_blocks") = 0, py::arg("piece") = -1,
+          "Enqueue the call (piece >= 0: only that piece); returns how many pieces the call has.")
       .def(
           "shape_for",
           [](const CustomComm& c, const std::string& algo, size_t bytes, DType dtype, RedOp op) {

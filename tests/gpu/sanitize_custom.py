@@ -6,7 +6,7 @@ non-zero on any report.
 
 The case runs as 2 processes on GPU 0 (gpucoll.spawn(backend='custom')): virtual ranks cannot run under a sanitizer,
 which serialises kernel launches, so ranks in one process would wait on each other forever. Every algorithm,
-float32 and bfloat16, sum and avg, an odd count, staged and registered inputs.
+float32 and bfloat16, sum and avg, an odd count, staged and registered inputs (in place too).
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ def _case_fn(comm):
     y = torch.ones(513, device=comm.device)
     comm.register(y)
     out = torch.empty_like(y)
-    comm.all_reduce(y, out, algo="oneshot")
+    for algo in ("oneshot", "twoshot"):
+        comm.all_reduce(y, out, algo=algo)
+        torch.cuda.synchronize()
+        bad += int(not bool((out == 2).all()))
+    comm.all_reduce(y, algo="oneshot")  # registered and in place: the result is held in staging until peers read
     torch.cuda.synchronize()
-    return bad + int(not bool((out == 2).all()))
+    return bad + int(not bool((y == 2).all()))
 
 
 def run_tool(tool: str) -> bool:

@@ -34,6 +34,10 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
 OPS = ("sum", "min", "max", "avg")
 WORLD = (2, 3, 4, 8)
 MiB = 1 << 20
+# Registered tensors stay alive for the whole session: a communicator keys registrations by address, so a freed
+# registered tensor whose address the caching allocator hands to a later input would be read through stale peer
+# pointers (the library has no deregistration yet).
+_REGISTERED = []
 
 
 def counts_for(dtype: str) -> list:
@@ -70,6 +74,7 @@ def run_virtual(vr, algo, dtype, op, count, registered=False, outs=True) -> list
     ys = [torch.empty_like(x) for x in xs] if outs else None
     if registered:
         vr.register(xs)
+        _REGISTERED.append(xs)
     torch.cuda.synchronize(vr.device)
     vr.all_reduce(xs, ys, op=op, algo=algo)
     vr.synchronize()
@@ -112,10 +117,12 @@ def test_virtual_64mib(vr, algo):
 
 @pytest.mark.parametrize("algo", ("oneshot", "twoshot"))
 def test_virtual_registered(vr, algo):
+    # In place too: a registered one-shot whose output is its input must not overwrite it before every peer read it.
     fails = []
     for dtype, op in (("float32", "sum"), ("float16", "avg"), ("int32", "max")):
         for count in (1, 1001, (2 * MiB) // 4 + 1):
-            fails += run_virtual(vr, algo, dtype, op, count, registered=True)
+            for outs in (True, False):
+                fails += run_virtual(vr, algo, dtype, op, count, registered=True, outs=outs)
     assert not fails, helpers.format_failures(fails)
 
 
@@ -127,6 +134,10 @@ def test_virtual_small_buffer_pieces():
         fails = []
         for algo in ALGOS:
             fails += run_virtual(v, algo, "float16", "sum", 10007)
+            fails += run_virtual(v, algo, "int32", "max", 5003, outs=False)
+        for algo in ("oneshot", "twoshot"):  # registered inputs, several pieces (in_offset), in place and not
+            fails += run_virtual(v, algo, "float32", "sum", 3001, registered=True)
+            fails += run_virtual(v, algo, "float32", "avg", 3001, registered=True, outs=False)
         assert not fails, helpers.format_failures(fails)
 
 
@@ -136,23 +147,28 @@ def test_virtual_graph_1000_replays(vr):
     P, n = vr.nranks, 3001
     dev = f"cuda:{vr.device}"
     xs = [torch.zeros(n, dtype=torch.float32, device=dev) for _ in range(P)]
-    ys = [torch.zeros(n, dtype=torch.float32, device=dev) for _ in range(P)]
+    # One output per algorithm: with a shared one only the last captured algorithm's result would be checked.
+    ys = {algo: [torch.zeros(n, dtype=torch.float32, device=dev) for _ in range(P)] for algo in ALGOS}
+    _REGISTERED.append(xs)  # registered on exit of the capture
     torch.cuda.synchronize()
     with vr.graph_capture() as g:
         for algo in ALGOS:
-            vr.all_reduce(xs, ys, algo=algo)
+            vr.all_reduce(xs, ys[algo], algo=algo)
     for batch in range(2):
         inputs = [helpers.make_input("float32", "sum", n, r + 10 * batch, P, seed=3) for r in range(P)]
         for x, a in zip(xs, inputs):
             x.copy_(torch.from_numpy(a))
         torch.cuda.synchronize()
-        for y in ys:
-            y.zero_()
+        for algo in ALGOS:
+            for y in ys[algo]:
+                y.zero_()
         torch.cuda.synchronize()
         g.replay(500)
         vr.synchronize()
-        for r in range(P):
-            assert check("float32", "sum", inputs, ys[r].cpu().numpy()) is None, f"batch {batch} rank {r}"
+        for algo in ALGOS:
+            for r in range(P):
+                bad = check("float32", "sum", inputs, ys[algo][r].cpu().numpy())
+                assert bad is None, f"{algo} batch {batch} rank {r}: {bad}"
 
 
 def test_virtual_10000_varying_calls(vr):
@@ -160,7 +176,9 @@ def test_virtual_10000_varying_calls(vr):
 
     P = vr.nranks
     dev = f"cuda:{vr.device}"
-    sizes = [1, 7, 64, 333, 1024, 4093]
+    # Small sizes run one block; 20011 int32 (80 KB) runs several, so the grid changes from call to call and
+    # rows of flags are left stale and picked up again.
+    sizes = [1, 7, 64, 333, 20011, 1024, 4093]
     width = max(sizes)
     inputs = [helpers.make_input("int32", "sum", width, r, P, seed=9) for r in range(P)]
     want = helpers.reference(inputs, "int32", "sum")
@@ -242,23 +260,23 @@ def _spawn_graph_and_teardown(comm):
 
     P, r, n = comm.world_size, comm.rank, 2049
     x = torch.zeros(n, dtype=torch.float32, device=comm.device)
-    y = torch.zeros_like(x)
+    y1, y2 = torch.zeros_like(x), torch.zeros_like(x)  # one output per algorithm: each result is checked
     s = torch.cuda.Stream(comm.device)
     g = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     with torch.cuda.stream(s):
-        comm.all_reduce(x, y, algo="oneshot")  # warm-up outside capture
+        comm.all_reduce(x, y1, algo="oneshot")  # warm-up outside capture
     s.synchronize()
     with comm.graph_capture(), torch.cuda.graph(g, stream=s):
-        comm.all_reduce(x, y, algo="oneshot")
-        comm.all_reduce(x, y, algo="twoshot")
+        comm.all_reduce(x, y1, algo="oneshot")
+        comm.all_reduce(x, y2, algo="twoshot")
     inputs = [helpers.make_input("float32", "sum", n, q, P, seed=8) for q in range(P)]
     x.copy_(torch.from_numpy(inputs[r]))
     torch.cuda.synchronize()
     for _ in range(1000):
         g.replay()
     torch.cuda.synchronize()
-    ok = check("float32", "sum", inputs, y.cpu().numpy()) is None
+    ok = all(check("float32", "sum", inputs, y.cpu().numpy()) is None for y in (y1, y2))
     mappings = _C.custom_ipc_open_handles()
     del g
     return ok, mappings

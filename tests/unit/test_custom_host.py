@@ -224,3 +224,49 @@ def test_half_bytes_rejects_tiny(monkeypatch):
     monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", "1K")
     with pytest.raises(InvalidArgument, match="at least 4K"):
         _custom_backend.half_bytes()
+
+
+# -- host-side ordering and failure handling, with CPU stand-ins for the native communicator -------------------------
+
+class _FakeBuf:
+    def __init__(self, ptr):
+        self.ptr, self.count, self.dtype, self.nbytes, self.obj = ptr, 10, _C.DType.float32, 40, ptr
+
+
+class _FakeComm:
+    def __init__(self, rank, log, npieces):
+        self.rank, self.log, self.npieces = rank, log, npieces
+
+    def all_reduce(self, in_ptr, out_ptr, count, dtype, op, algo, stream, max_blocks=0, piece=-1):
+        self.log.append((self.rank, piece))
+        return self.npieces
+
+
+def test_virtual_ranks_enqueue_piece_by_piece_across_ranks(monkeypatch):
+    # Rank 0's piece 1 queued before rank 1's piece 0 deadlocks where the two streams share a hardware queue: every
+    # rank's piece i must be enqueued before any rank's piece i + 1.
+    from gpucoll import testing
+
+    log = []
+    vr = object.__new__(testing.VirtualRanks)
+    vr.nranks, vr.device, vr._closed = 3, 0, False
+    vr.comms = [_FakeComm(r, log, npieces=2) for r in range(3)]
+    vr._streams = []
+    monkeypatch.setattr(testing.VirtualRanks, "streams", property(lambda self: [0, 0, 0]))
+    monkeypatch.setattr(vr, "_resolve_all", lambda xs, name, writable: [_FakeBuf(x) for x in xs])
+    vr.all_reduce([1, 2, 3], algo="twoshot")
+    assert log == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+
+
+class _TimedOutNative:
+    def timed_out(self):
+        return 2  # barrier 1 gave up
+
+
+def test_timed_out_custom_backend_refuses_later_calls():
+    backend = _custom_backend.CustomBackend(_TimedOutNative(), rank=0, world_size=2, device=0, store=None, prefix="",
+                                            timeout=1.0, hosts=["h", "h"], p2p=[1, 1, 1, 1], nccl=None, nccl_why="")
+    with pytest.raises(gpucoll.errors.CollectiveTimeout, match="waited longer than 1 s"):
+        backend.check_timeout()
+    with pytest.raises(gpucoll.errors.InvalidUsage, match="timed out waiting for a peer; the communicator is unusable"):
+        backend.collective(0, None, None, 10, None, 0)

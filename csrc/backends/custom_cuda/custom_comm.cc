@@ -234,14 +234,20 @@ LaunchShape CustomComm::shape_for(Algo algo, size_t bytes, DType dtype, RedOp op
   return gpucoll::custom::choose_launch_shape(algo, bytes, nranks_, sms_, max_blocks_for(algo, dtype, op));
 }
 
-void CustomComm::all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo,
-                            cudaStream_t stream, int max_blocks) {
+size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo,
+                              cudaStream_t stream, int max_blocks, int64_t only_piece) {
   if (!connected_) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "all_reduce", "the custom communicator is not connected");
   GPUCOLL_CHECK_ARG(gpucoll::custom::dtype_supported(dtype), "dtype ", dtype_name(dtype), " has no custom kernel");
   GPUCOLL_CHECK_ARG(gpucoll::custom::op_supported(op), "op ", redop_name(op), " has no custom kernel");
-  if (count == 0) return;
-  DeviceGuard guard(device_);
+  if (count == 0) return 0;
   const size_t esize = dtype_size(dtype);
+  // Every call goes through a staging half, piece by piece (a registered one-shot holds its result there when
+  // it runs in place); every rank cuts the same pieces, one call number each.
+  const size_t piece = gpucoll::custom::piece_elems(mem_->half_bytes(), esize);
+  const size_t npieces = (count + piece - 1) / piece;
+  GPUCOLL_CHECK_ARG(only_piece < static_cast<int64_t>(npieces), "piece ", only_piece, " of a call cut into ", npieces,
+                    " pieces");
+  DeviceGuard guard(device_);
   const size_t bytes = count * esize;
   const uintptr_t key = reinterpret_cast<uintptr_t>(in);
   const PeerTable* inputs = nullptr;
@@ -271,12 +277,9 @@ void CustomComm::all_reduce(const void* in, void* out, size_t count, DType dtype
   a.timeout_ns = timeout_ns_;
   int cap = max_blocks_for(algo, dtype, op);
   if (max_blocks > 0) cap = cap > 0 ? std::min(cap, max_blocks) : max_blocks;
-  // One-shot with registered inputs stages nothing and writes only `out`: one kernel for any size. Everything
-  // else goes through a staging half, piece by piece; every rank cuts the same pieces, one call number each.
-  const size_t piece = inputs != nullptr && algo == Algo::kOneShot
-                           ? count
-                           : gpucoll::custom::piece_elems(mem_->half_bytes(), esize);
-  for (size_t off = 0; off < count; off += piece) {
+  for (size_t i = 0; i < npieces; ++i) {
+    if (only_piece >= 0 && static_cast<size_t>(only_piece) != i) continue;
+    const size_t off = i * piece;
     const size_t n = std::min(piece, count - off);
     a.in = static_cast<const char*>(in) + off * esize;
     a.out = static_cast<char*>(out) + off * esize;
@@ -287,6 +290,7 @@ void CustomComm::all_reduce(const void* in, void* out, size_t count, DType dtype
     a.threads = shape.threads;
     GPUCOLL_CUDA_CHECK(launch_algo(algo, a, stream));
   }
+  return npieces;
 }
 
 uint32_t CustomComm::timed_out() const {

@@ -74,9 +74,12 @@ class CustomComm {
   void register_pending_local(const std::vector<std::vector<uintptr_t>>& peer_ptrs);
 
   // Enqueue an allreduce of `count` elements on `stream`. max_blocks caps the grid (0: the residency cap of
-  // virtual ranks, or SM count). Messages larger than a staging half run as several kernels.
-  void all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo, cudaStream_t stream,
-                  int max_blocks = 0);
+  // virtual ranks, or SM count). Messages larger than a staging half run as several kernels ("pieces"); returns
+  // how many. only_piece >= 0 enqueues that piece alone: virtual ranks enqueue piece i of every rank before piece
+  // i + 1 of any, because rank 0's piece 1 queued ahead of rank 1's piece 0 deadlocks wherever two ranks'
+  // streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS) or the launch queue fills.
+  size_t all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo, cudaStream_t stream,
+                    int max_blocks = 0, int64_t only_piece = -1);
   // The launch shape a call would use (for tests and the benchmark).
   gpucoll::custom::LaunchShape shape_for(Algo algo, size_t bytes, DType dtype, RedOp op) const;
 
