@@ -17,6 +17,9 @@ below) and ``<ref> allreduce`` / ``gpucoll allreduce`` (only the all-reduces a s
 in 25 MB buffers, in place). The step ratio is (floor + communication) / (floor + reference communication): on
 a machine where the floor dominates, it stays near 1 however fast the all-reduce is.
 
+``--bucket-view`` builds every DDP model with ``gradient_as_bucket_view=True`` (the gradients live in the buckets,
+which saves DDP's copy into and out of them each step, the same for every variant).
+
 The variants take turns, round by round (``--rounds``), so that a change in the machine's load hits them alike; a
 variant's figure is the median over its rounds of the slowest rank's mean step time. The ratio column is
 time / reference time: below 1 is faster than torch's backend. The load average (``os.getloadavg``) is printed
@@ -75,7 +78,7 @@ def _worker(rank, n, port, args, results):
         models = {}
         for name, group in groups.items():
             ddp = DDP(_model(args.width, args.depth).to(device), process_group=group,
-                      device_ids=[rank] if cuda else None)
+                      device_ids=[rank] if cuda else None, gradient_as_bucket_view=args.bucket_view)
             if name.endswith("+hook"):
                 ddp.register_comm_hook(None, gpucoll.torch.allreduce_hook)
             models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-6))
@@ -168,14 +171,19 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="steps timed per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP(gradient_as_bucket_view=True) for every variant: gradients live in the buckets, which "
+                         "saves DDP's two copies of them a step")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     ref = "nccl" if args.device == "cuda" else "gloo"
     load_before = os.getloadavg()
-    print(f"# ddp_step: {args.device} ranks, batch {args.batch}, {args.rounds} rounds x {args.steps} steps; "
+    view = ", gradient_as_bucket_view" if args.bucket_view else ""
+    print(f"# ddp_step: {args.device} ranks, batch {args.batch}{view}, {args.rounds} rounds x {args.steps} steps; "
           f"{os.cpu_count()} CPUs; load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
-    report = {"device": args.device, "load_before": load_before, "runs": []}
+    report = {"device": args.device, "batch": args.batch, "bucket_view": args.bucket_view, "load_before": load_before,
+              "runs": []}
     for n in args.nranks:
         res = run(n, args)
         report["runs"].append(res)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Optional
 
 from gpucoll import _buffers, _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
@@ -97,7 +96,7 @@ class Communicator:
     """A group of ranks that run collectives together. Build one with ``gpucoll.init`` or ``gpucoll.spawn``."""
 
     def __init__(self, *, rank: int, world_size: int, backend: str, impl, store, timeout: float,
-                 local_size: int = 0):
+                 local_size: int = 0, selector=None, chosen: bool = False):
         self._rank = rank
         self._world_size = world_size
         self._backend = backend
@@ -109,6 +108,9 @@ class Communicator:
         self._group = None
         self._group_depth = 0
         self._close_reason = "close() was called"
+        # custom: per-call choice of our kernels or NCCL (gpucoll/_select.py); chosen: 'auto' picked the backend,
+        # so the model may send a call to either (an explicit 'custom' keeps to the custom algorithms).
+        self._selector, self._chosen = selector, chosen
         # The custom backend takes CUDA buffers like NCCL (and hands what its kernels cannot run to NCCL).
         self._nccl = backend in ("nccl", "custom")
         # Which memory the backend takes: the NCCL backend checks its device, the host backend CPU memory.
@@ -376,7 +378,7 @@ class Communicator:
     def _run(self, coll: int, algo, src, dst, count: int, redop, root: int, stream=None, async_op=False):
         """Hands one collective to the backend; returns the nccl backend's Work for async_op, else None."""
         if self._backend == "custom":
-            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
+            return self._run_custom(coll, algo, src, dst, count, redop, root, stream, async_op)
         if self._nccl:
             # NCCL picks its own algorithm: `algo` is accepted for a uniform API and not used.
             return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op)
@@ -397,6 +399,20 @@ class Communicator:
         op = redop if redop is not None else _C.RedOp.sum
         self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size)
         return None
+
+    def _run_custom(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op):
+        """The custom backend's call: our kernels or NCCL, as the topology-aware model (or `algo=`) decides."""
+        sel = self._selector
+        if sel is None or (sel.gpus is None and not self._chosen):
+            # 'custom' asked where the GPU topology is unknown (no NVML): the backend's own size rule decides.
+            algo = algo[7:] if isinstance(algo, str) and algo.startswith("custom:") else algo
+            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
+        nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
+        choice = sel.choose(coll, nbytes, src.dtype_name, algo, backend="auto" if self._chosen else "custom")
+        if choice.backend == "custom":
+            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op,
+                                         algo=choice.algorithm)
+        return self._impl.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
 
     def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True, slice_in_place=None):
         """`out` checked against `src`. slice_in_place names NCCL's in-place layouts, where the two overlap on
@@ -434,9 +450,9 @@ class Communicator:
         return _C.select_algorithm(coll, self._world_size, nbytes, self._local_size, algo)
 
 
-def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backend: str = "auto",
-         address: Optional[str] = None, port: Optional[int] = None, timeout: float = 300.0,
-         local_size: Optional[int] = None, device=None, local_rank: Optional[int] = None, from_torch=None,
+def init(rank: int | None = None, world_size: int | None = None, *, backend: str = "auto",
+         address: str | None = None, port: int | None = None, timeout: float = 300.0,
+         local_size: int | None = None, device=None, local_rank: int | None = None, from_torch=None,
          mpi_comm=None) -> Communicator:
     """Create this rank's communicator. Missing values come from the launcher's environment (torchrun,
     Open MPI, MPICH/PMI, Slurm); rank 0 hosts the rendezvous store at address:port.
@@ -444,10 +460,11 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backen
     `local_size` (or GPUCOLL_LOCAL_SIZE) declares ranks per node for hierarchical algorithms; on one machine
     it lays out virtual nodes of that many consecutive ranks.
 
-    backend: 'host' (CPU arrays), 'nccl' (CUDA arrays), or 'auto' (GPUCOLL_BACKEND, else nccl when a GPU is
-    usable and NCCL loads, else host). The nccl backend runs on `device` (an index, 'cuda:N' or torch.device),
-    by default the GPU numbered like this rank's local rank (`local_rank`, else LOCAL_RANK or the launcher's
-    equivalent); `timeout` also bounds NCCL's init, and is the watchdog's limit for every collective.
+    backend: 'host' (CPU arrays), 'nccl' (CUDA arrays), 'custom' (gpucoll's kernels over peer memory, NCCL for
+    the rest), or 'auto' (GPUCOLL_BACKEND, else on a usable GPU 'custom' for 2-8 ranks, each call going where the
+    topology model predicts it is fastest, or 'nccl'; else host). GPU backends run on `device` (an index,
+    'cuda:N' or torch.device), by default the GPU numbered like this rank's local rank (`local_rank`, else
+    LOCAL_RANK or the launcher's equivalent); `timeout` also bounds NCCL's init and every collective.
 
     from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
     torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store)."""
@@ -470,7 +487,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, backen
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
         store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
-    return _build(launch, store, kind, timeout, local_size, device)
+    return _build(launch, store, kind, timeout, local_size, device, backend)
 
 
 def _check_common(backend, timeout, local_size, device):
@@ -489,11 +506,19 @@ def _check_common(backend, timeout, local_size, device):
     return kind, local_size
 
 
-def _build(launch, store, kind: str, timeout: float, local_size: int, device) -> Communicator:
+def _build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"
+           ) -> Communicator:
     """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator."""
     from gpucoll import _C
 
     _C.set_log_rank(launch.rank)
+    from gpucoll import _custom_backend, config
+
+    chosen = (requested == "auto" and kind == "nccl" and not config.get("GPUCOLL_BACKEND").strip()
+              and _custom_backend.takes_auto(launch.world_size))
+    if chosen:
+        kind = "custom"
+    selector = None
     try:
         if kind == "nccl":
             from gpucoll import _nccl_backend
@@ -503,6 +528,15 @@ def _build(launch, store, kind: str, timeout: float, local_size: int, device) ->
             from gpucoll import _custom_backend
 
             impl = _custom_backend.init_backend(launch, store, timeout, device)
+            try:
+                from gpucoll import _select
+
+                selector = _select.build(store, launch.rank, launch.world_size, device=impl.device,
+                                         local_size=local_size, avail=impl.availability(),
+                                         p2p_failed=impl.p2p_failed_pairs(), timeout=timeout)
+            except BaseException:
+                impl.close()
+                raise
         else:
             impl = _init_host(launch, store, timeout)
     except BaseException:
@@ -510,7 +544,7 @@ def _build(launch, store, kind: str, timeout: float, local_size: int, device) ->
         raise
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
     return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
-                        timeout=timeout, local_size=local_size)
+                        timeout=timeout, local_size=local_size, selector=selector, chosen=chosen)
 
 
 def _init_host(launch, store, timeout: float):
@@ -564,4 +598,4 @@ def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto",
         lr, lsize = local_rank, max(lsize, local_rank + 1)
     launch = LaunchInfo(rank=rank, world_size=world_size, local_rank=lr, local_world_size=lsize, address="", port=0,
                         launcher="store")
-    return _build(launch, store, kind, timeout, local_size, device)
+    return _build(launch, store, kind, timeout, local_size, device, backend)
