@@ -12,8 +12,12 @@ Streams. An operation is ordered on the caller's current stream unless ``stream=
 * CuPy arrays: ``cupy.cuda.get_current_stream()`` of the array's device;
 * ``__cuda_array_interface__`` objects: the interface's ``stream`` (v3; the producer's stream), else the legacy
   default stream;
-* DLPack objects: the legacy default stream (they are exported with ``__dlpack__()``, which asks the producer to
-  make the data ready for that stream).
+* DLPack objects: the legacy default stream (they are exported with ``__dlpack__(stream=1)``, which asks the
+  producer to make the data ready for that stream; torch, for one, does nothing for ``stream=None``).
+
+Where ``stream=`` names another stream than the one a producer made its data ready on (the interface's
+``stream``, DLPack's legacy stream), the operation's stream first waits for that one (``ready_stream``), as both
+protocols ask of a consumer.
 
 ``stream=`` takes a torch stream, a CuPy stream, any object with ``__cuda_stream__``, or a raw ``cudaStream_t``
 as an int (0 and 1: the legacy default stream, 2: the per-thread default stream).
@@ -148,9 +152,13 @@ def _resolve_dlpack(x, arg: str):
         where = {_DL_CPU: "CPU", _DL_CUDA_HOST: "CUDA pinned host"}.get(device_type, f"type {device_type}")
         raise InvalidArgument(f"{arg} is a DLPack array in {where} memory; gpucoll takes NumPy arrays and torch "
                               f"tensors on the CPU, and CUDA memory for the nccl backend")
-    # No stream argument: the producer makes the data ready for the legacy default stream, which is the
-    # stream DLPack inputs are ordered on (see the module docstring).
-    capsule = x.__dlpack__()
+    # stream=1 (the legacy default stream, which DLPack inputs are ordered on): the producer makes the data ready
+    # for it. The array API says producers assume it for None too, but torch then skips its synchronisation.
+    # Producers whose __dlpack__ predates the stream argument get the plain call.
+    try:
+        capsule = x.__dlpack__(stream=1)
+    except TypeError:
+        capsule = x.__dlpack__()
     try:
         addr = _capsule_pointer(capsule, b"dltensor")
     except ValueError:
@@ -217,6 +225,16 @@ def current_stream(kind: str, device: int, producer_stream=None) -> int:
     if kind == "cai" and producer_stream is not None:
         return int(producer_stream)
     return 0
+
+
+def ready_stream(buf):
+    """The stream on which `buf`'s producer made it ready, when the protocol names one (None: torch and CuPy
+    buffers, which follow the caller's current stream, and interfaces whose "stream" is None: ready already)."""
+    if buf.kind == "cai":
+        return buf.stream
+    if buf.kind == "dlpack":
+        return 0
+    return None
 
 
 def stream_handle(stream, device: int) -> int:

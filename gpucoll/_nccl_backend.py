@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
-import numbers
 import os
 import sys
 import threading
@@ -26,10 +24,12 @@ import time
 import weakref
 
 from gpucoll import _cuda_buffers, _log
-from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, NcclError, Unsupported
+from gpucoll._nccl_work import CompletedWork, PreMulSum, Work, premul_sum  # noqa: F401 - re-exported (split out)
+from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
 MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
+_FRAMEWORK_KINDS = ("torch", "cupy")  # buffers ordered by the caller's current stream, with no producer stream
 
 
 # -- can the backend run here? --------------------------------------------------------------------------------------
@@ -185,119 +185,6 @@ def _nccl_version(code: int) -> str:
     return f"{major}.{minor}.{patch}"
 
 
-# -- premul_sum -----------------------------------------------------------------------------------------------------
-
-class PreMulSum:
-    """The reduction op ``sum(scalar * x_r over ranks r)`` (NCCL's ncclRedOpCreatePreMulSum); see premul_sum."""
-
-    __slots__ = ("scalar",)
-
-    def __init__(self, scalar):
-        object.__setattr__(self, "scalar", scalar)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("PreMulSum is immutable")
-
-    def __eq__(self, other):
-        return type(other) is PreMulSum and other.scalar == self.scalar
-
-    def __hash__(self):
-        return hash(("premul_sum", self.scalar))
-
-    def __reduce__(self):
-        return (premul_sum, (self.scalar,))
-
-    def __repr__(self):
-        return f"gpucoll.premul_sum({self.scalar!r})"
-
-
-def premul_sum(scalar) -> PreMulSum:
-    """An ``op=`` for all_reduce, reduce and reduce_scatter on the nccl backend: every rank's input is multiplied by
-    `scalar` before the sum (one fused pass, e.g. ``premul_sum(1 / world_size)`` for a mean of gradients).
-
-    `scalar` must be a finite real number; it is converted to the reduction's dtype when the collective runs (an
-    integer dtype needs an integer scalar that fits it)."""
-    if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
-        raise InvalidArgument(f"premul_sum scalar must be a real number (int or float); got {scalar!r}")
-    value = int(scalar) if isinstance(scalar, numbers.Integral) else float(scalar)
-    if not math.isfinite(value):
-        raise InvalidArgument(f"premul_sum scalar must be finite; got {scalar!r}")
-    return PreMulSum(value)
-
-
-# -- Work -----------------------------------------------------------------------------------------------------------
-
-class Work:
-    """What an operation issued with ``async_op=True`` returns.
-
-    * ``wait()``: the caller's current stream (torch's for tensors, CuPy's for arrays, else the legacy default
-      stream) waits for the operation; the host does not block.
-    * ``is_completed()``: whether the GPU finished it (never blocks).
-    * ``synchronize()``: blocks the host until it finished.
-    * ``result()``: what the synchronous call would have returned.
-
-    All three raise the communicator's failure (CollectiveTimeout, NcclError) once the watchdog recorded one.
-    ``wait(timeout=...)`` accepts torch's argument and ignores it: the communicator's own timeout applies.
-    An operation captured into a CUDA graph has no eager completion: it reports completed, and wait() does nothing.
-    """
-
-    __slots__ = ("_backend", "_device", "_kind", "_native", "_result")
-
-    def __init__(self, native, backend, kind: str, device: int, result=None):
-        self._native = native
-        self._backend = backend
-        self._kind = kind
-        self._device = device
-        self._result = result
-
-    def wait(self, timeout=None) -> bool:
-        self._backend._raise_if_failed()
-        self._native.wait_on(_cuda_buffers.current_stream(self._kind, self._device))
-        return True
-
-    def is_completed(self) -> bool:
-        self._backend._raise_if_failed()
-        return self._native.query()
-
-    def synchronize(self) -> None:
-        self._native.synchronize()
-        self._backend._raise_if_failed()
-
-    def result(self):
-        return self._result
-
-    @property
-    def seq(self) -> int:
-        return self._native.seq
-
-    def __repr__(self) -> str:
-        return f"<gpucoll.Work {self._native.what} {self._native.state}>"
-
-
-class CompletedWork:
-    """The Work of a backend whose operations complete before the call returns (host)."""
-
-    __slots__ = ("_result",)
-
-    def __init__(self, result=None):
-        self._result = result
-
-    def wait(self, timeout=None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-    def result(self):
-        return self._result
-
-    def __repr__(self) -> str:
-        return "<gpucoll.Work completed>"
-
-
 # -- the backend ----------------------------------------------------------------------------------------------------
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -376,21 +263,57 @@ class NcclBackend:
         _cuda_buffers.check_device(buf, arg, self.device)
 
     # -- operations -----------------------------------------------------------------------------------------------
-    def _stream(self, buf, stream) -> int:
+    def _stream(self, buf, stream, other=None) -> int:
+        """The stream of an operation on `buf` (and `other`, its output), ordered after the streams on which their
+        producers made them ready (__cuda_array_interface__'s "stream", DLPack's legacy stream), where those differ.
+        torch and CuPy buffers have none: they are ordered by the caller's current stream, as torch's NCCL does."""
         if stream is None:
-            return _cuda_buffers.current_stream(buf.kind, self.device, buf.stream)
-        return _cuda_buffers.stream_handle(stream, self.device)
+            s = _cuda_buffers.current_stream(buf.kind, self.device, buf.stream)
+        else:
+            s = _cuda_buffers.stream_handle(stream, self.device)
+        for b in (buf, other):
+            if b is None or b.kind in _FRAMEWORK_KINDS:  # the hot path: nothing to join
+                continue
+            ready = _cuda_buffers.ready_stream(b)
+            if ready is not None and ready != s:
+                from gpucoll import _C
+
+                _C.cuda_stream_wait(s, ready, self.device)
+        return s
+
+    def _native_failed(self, e: GpucollError, seq: int) -> GpucollError:
+        """What to raise for an error of a native call. The communicator's own recorded failure where the call was
+        cut short by its abort; for NCCL's own timeout (an operation that never got onto the stream, e.g. a
+        connection to a rank that never called it), the same CollectiveTimeout the watchdog raises, with the
+        ranks that had not reached operation `seq`."""
+        if isinstance(e, CollectiveTimeout):
+            missing, note = self._missing_ranks(seq)
+            if missing:
+                text = f"{e.message}; ranks that had not reached operation #{seq}: {missing}"
+            elif missing is not None:
+                text = f"{e.message}; every rank had issued operation #{seq}"
+            else:
+                text = f"{e.message}; which ranks had not reached operation #{seq} is unknown {note}"
+            err = CollectiveTimeout(text, call=e.call, location=e.location, ranks=missing or ())
+            self._fail(err)
+            return _copy_error(err)
+        if isinstance(e, InvalidUsage) and self._error is not None:
+            return _copy_error(self._error)
+        return e
 
     def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False):
         if self._error is not None:
             self._raise_if_failed()
-        s = self._stream(src, stream)
+        s = self._stream(src, stream, dst if dst is not src else None)
         premul = None
         if redop is None:
             redop = self._sum
         elif type(redop) is PreMulSum:
             premul, redop = float(redop.scalar), self._sum
-        native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
+        try:
+            native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
+        except (CollectiveTimeout, InvalidUsage) as e:
+            raise self._native_failed(e, self._comm.issued) from None
         if native is None:
             return None
         return self._track(native, src, (src, dst))
@@ -398,7 +321,10 @@ class NcclBackend:
     def p2p(self, send: bool, peer: int, buf, stream=None, async_op=False):
         if self._error is not None:
             self._raise_if_failed()
-        native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], self._stream(buf, stream), async_op)
+        try:
+            native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], self._stream(buf, stream), async_op)
+        except (CollectiveTimeout, InvalidUsage) as e:
+            raise self._native_failed(e, self._comm.issued) from None
         if native is None:
             return None
         return self._track(native, buf, (buf,))
@@ -415,8 +341,11 @@ class NcclBackend:
         self._raise_if_failed()
         from gpucoll import _C
 
-        native = self._comm.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
-                                       self._sum, 0, 0, True, None)
+        try:
+            native = self._comm.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
+                                           self._sum, 0, 0, True, None)
+        except (CollectiveTimeout, InvalidUsage) as e:
+            raise self._native_failed(e, self._comm.issued) from None
         native.synchronize()
         self._raise_if_failed()
 
@@ -446,7 +375,10 @@ class NcclBackend:
         try:
             yield
         finally:
-            self._comm.group_end()
+            try:
+                self._comm.group_end()
+            except (CollectiveTimeout, InvalidUsage) as e:
+                raise self._native_failed(e, self._comm.issued) from None
 
     def abort(self, reason: str = "abort() was called") -> None:
         self._comm.abort(reason)

@@ -138,6 +138,13 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("internal_stream", &NcclComm::internal_stream);
 
   m.def(
+      "cuda_stream_wait",
+      [](uintptr_t consumer, uintptr_t producer, int device) {
+        cuda::stream_wait_stream(as_stream(consumer), as_stream(producer), device);
+      },
+      py::arg("consumer"), py::arg("producer"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
+      "Make stream `consumer` wait for the work queued on `producer` (no-op when equal or either is capturing).");
+  m.def(
       "cuda_pointer_info",
       [](uintptr_t ptr) {
         cuda::PointerInfo info;
@@ -159,6 +166,7 @@ void bind_comm(py::module_& m) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, "", kNoCudaBuild);
   };
   m.def("NcclComm", unsupported, kNoCudaBuild);
+  m.def("cuda_stream_wait", unsupported, kNoCudaBuild);
   m.def("cuda_pointer_info", unsupported, kNoCudaBuild);
 }
 #endif

@@ -244,6 +244,31 @@ def test_dlpack_and_cai_inputs_ws1(comm):
     assert torch.equal(f, torch.arange(32, dtype=torch.float32, device=comm.device))
 
 
+def test_cai_producer_stream_is_waited_for(comm):
+    """__cuda_array_interface__ v3: an explicit stream= must wait for the interface's "stream" (the producer's)."""
+    import torch
+
+    x = torch.zeros(1 << 20, dtype=torch.float32, device=comm.device)
+    y = torch.zeros_like(x)
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    producer.wait_stream(torch.cuda.current_stream())
+    consumer.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(200_000_000)
+        x.fill_(7.0)
+
+    class Produced:
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": (x.numel(),), "typestr": "<f4", "data": (x.data_ptr(), False), "strides": None,
+                    "version": 3, "stream": producer.cuda_stream}
+
+    comm.all_reduce(Produced(), out=y, stream=consumer)
+    consumer.synchronize()
+    assert torch.all(y == 7.0 * comm.world_size)
+    producer.synchronize()
+
+
 def test_collective_is_ordered_on_the_callers_stream(comm):
     import torch
 
@@ -269,15 +294,18 @@ def test_collective_is_ordered_on_the_callers_stream(comm):
 def test_async_work(comm):
     import torch
 
-    x = torch.full((1 << 20,), 2.0, device=comm.device)
+    x = torch.zeros((1 << 20,), device=comm.device)
+    out = torch.zeros_like(x)
     cur = torch.cuda.current_stream()
     torch.cuda._sleep(100_000_000)
-    work = comm.all_reduce(x, async_op=True)
-    assert isinstance(work, gpucoll.Work) and work.result() is x
+    x.fill_(2.0)  # behind the sleep: the internal stream must wait for the caller's before reading x
+    work = comm.all_reduce(x, out=out, async_op=True)
+    assert isinstance(work, gpucoll.Work) and work.result() is out
     work.wait()  # the current stream waits; the host does not
-    y = x * 1  # ordered after the collective through the wait
+    y = out * 1  # ordered after the collective through the wait
     cur.synchronize()
-    assert work.is_completed() and torch.all(y == 2.0)
+    assert work.is_completed() and torch.all(y == 2.0 * comm.world_size)
+    x = torch.full((1 << 20,), 2.0, device=comm.device)
     w2 = comm.all_gather(x[:16], async_op=True)
     w2.synchronize()
     assert w2.is_completed() and w2.result().shape == (16,)
@@ -429,9 +457,12 @@ def _ws2_worker(comm, kind):
             comm.abort()
             return []
         x = torch.ones(16, device=comm.device)
-        comm.all_reduce(x)
         try:
-            torch.cuda.synchronize()  # returns once the watchdog aborted NCCL (its kernels end)
+            # Either the call itself times out (NCCL connects lazily, and the connection waits for rank 1), or it
+            # is enqueued and the watchdog aborts it: synchronize() then returns (the kernels end) and the next
+            # call raises the recorded CollectiveTimeout.
+            comm.all_reduce(x)
+            torch.cuda.synchronize()
             comm.all_reduce(x)
         except CollectiveTimeout as e:
             return [] if e.ranks == (1,) and "all_reduce #" in str(e) else [f"wrong timeout: {e!r}"]

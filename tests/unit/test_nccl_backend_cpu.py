@@ -568,15 +568,18 @@ def test_watchdog_reports_async_nccl_errors(store, fast_watchdog):
         backend.close()
 
 
-def test_async_work_keeps_buffers_until_complete_and_waits_on_current_stream(store, fast_watchdog):
+def test_async_work_keeps_buffers_until_complete_and_waits_on_current_stream(store, fast_watchdog, monkeypatch):
     comm = FakeComm()
+    joins = []  # (consumer, producer, device): the fake streams must never reach the CUDA runtime
+    monkeypatch.setattr(_C, "cuda_stream_wait", lambda *a: joins.append(a))
     backend = make_backend(store, comm, timeout=60.0)
     try:
         src = _buffers.resolve(FakeCAI(stream=55), "x")
         assert backend.collective(0, src, src, 4, None, 0) is None  # synchronous: no Work
-        assert comm.calls[-1][5] == 55  # ordered on the producer's stream
+        assert comm.calls[-1][5] == 55 and joins == []  # ordered on the producer's stream
         work = backend.collective(0, src, src, 4, gpucoll.premul_sum(0.25), 0, stream=9, async_op=True)
         assert comm.calls[-1][3] == _C.RedOp.sum and comm.calls[-1][7] == 0.25 and comm.calls[-1][5] == 9
+        assert joins == [(9, 55, 0)]  # stream= waits for the producer's stream first
         assert isinstance(work, _nccl_backend.Work) and len(backend._inflight) == 1
         assert not work.is_completed()
         work.wait()

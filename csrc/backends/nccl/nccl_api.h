@@ -97,8 +97,10 @@ struct ncclConfig_t {
 };
 
 // The equivalent of NCCL_CONFIG_INITIALIZER for our prefix: every attribute left to NCCL.
+// Value-initialised: NCCL copies `size` bytes, tail padding included (it lands on 2.25's trafficClass, which
+// NCCL resets for version < 2.25, but zero bytes are the only safe thing to hand over).
 inline ncclConfig_t nccl_config_default() {
-  ncclConfig_t c;
+  ncclConfig_t c{};
   c.size = sizeof(ncclConfig_t);
   c.magic = kNcclApiMagic;
   c.version = 21800;

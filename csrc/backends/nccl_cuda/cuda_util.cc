@@ -1,5 +1,7 @@
 #include "backends/nccl_cuda/cuda_util.h"
 
+#include <dlfcn.h>
+
 #include <mutex>
 #include <vector>
 
@@ -17,12 +19,39 @@ void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
   throw Error(ErrorCode::kCuda, std::string(call) + " failed: " + describe(err), call, file, line);
 }
 
+namespace {
+// cuda.h's CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active); CUdevice is
+// an int ordinal. Declared here so that this file needs no driver header or -lcuda.
+using PFN_cuDevicePrimaryCtxGetState = int (*)(int, unsigned int*, int*);
+
+PFN_cuDevicePrimaryCtxGetState primary_ctx_state_fn() {
+  // RTLD_NOLOAD: the driver the CUDA runtime already opened; nothing to open when there is none.
+  static const PFN_cuDevicePrimaryCtxGetState fn = []() -> PFN_cuDevicePrimaryCtxGetState {
+    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (handle == nullptr) return nullptr;
+    return reinterpret_cast<PFN_cuDevicePrimaryCtxGetState>(dlsym(handle, "cuDevicePrimaryCtxGetState"));
+  }();
+  return fn;
+}
+}  // namespace
+
+bool primary_context_active(int device) noexcept {
+  const PFN_cuDevicePrimaryCtxGetState fn = primary_ctx_state_fn();
+  if (fn == nullptr) return true;
+  unsigned int flags = 0;
+  int active = 0;
+  if (fn(device, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
 DeviceGuard::DeviceGuard(int device) {
   int current = -1;
   GPUCOLL_CUDA_CHECK(cudaGetDevice(&current));
   if (current != device) {
+    // Decided before the switch: afterwards only `device`'s context is known to exist.
+    const bool restore = primary_context_active(current);
     GPUCOLL_CUDA_CHECK(cudaSetDevice(device));
-    previous_ = current;
+    if (restore) previous_ = current;
   }
 }
 
@@ -78,6 +107,19 @@ RelaxedCaptureMode::RelaxedCaptureMode() noexcept : previous_(cudaStreamCaptureM
 
 RelaxedCaptureMode::~RelaxedCaptureMode() {
   if (ok_ && cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) cudaGetLastError();
+}
+
+void stream_wait_stream(cudaStream_t consumer, cudaStream_t producer, int device) {
+  if (consumer == producer || stream_is_capturing(consumer) || stream_is_capturing(producer)) return;
+  DeviceGuard guard(device);
+  // The wait takes the event's state at call time, so the event goes back to the pool at once.
+  cudaEvent_t e = event_get(device);
+  cudaError_t err = cudaEventRecord(e, producer);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(consumer, e, 0);
+  event_put(device, e);
+  if (err != cudaSuccess) {
+    throw_cuda(err, "cudaEventRecord + cudaStreamWaitEvent (consumer after producer)", __FILE__, __LINE__);
+  }
 }
 
 PointerInfo pointer_info(const void* ptr) {

@@ -28,6 +28,11 @@ std::string describe(cudaError_t err);
 
 // Makes `device` current for the scope and restores the previous device. cudaGetDevice is a thread-local
 // read, so a guard costs nothing when the device is already current (the usual case: one GPU per rank).
+//
+// The previous device is restored only when its primary context already exists (torch's MaybeSetDevice rule).
+// A thread that never chose a device reads 0 from cudaGetDevice, and since CUDA 12 cudaSetDevice(0) creates
+// device 0's context: restoring blindly would put a context (about 500 MB) on GPU 0 in every rank of a node,
+// from the user's thread and from every watchdog poll. Left unrestored, the thread simply stays on `device`.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -64,6 +69,17 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode previous_;
   bool ok_ = false;
 };
+
+// Whether `device`'s primary context exists in this process (cuDevicePrimaryCtxGetState, resolved from the
+// driver the runtime loaded; never creates a context). True when the driver cannot be asked: then a guard
+// restores as before.
+bool primary_context_active(int device) noexcept;
+
+// Makes `consumer` wait (on the GPU) for the work queued so far on `producer`, both on `device`: the consumer
+// side of __cuda_array_interface__'s "stream" and of DLPack's stream handshake. Does nothing when the two are
+// the same or either is being captured: an eager event cannot join a capture, and inside one the capture's own
+// order already covers the producer (the legacy stream must not even be touched while a global capture runs).
+void stream_wait_stream(cudaStream_t consumer, cudaStream_t producer, int device);
 
 struct PointerInfo {
   bool device_memory = false;  // device or managed memory: usable by NCCL kernels

@@ -1,6 +1,7 @@
 #include "backends/nccl_cuda/nccl_comm.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "algo/registry.h"
@@ -12,8 +13,14 @@
 namespace gpucoll::nccl {
 namespace {
 
-// Polls of NCCL's in-progress state back off from 10 us to 1 ms: connection setup takes milliseconds, and a
-// tighter loop would only take the core from NCCL's own proxy thread.
+// NCCL >= 2.23 hands every operation of a non-blocking communicator to a new thread and returns ncclInProgress
+// (group.cc, ncclGroupEndInternal), so wait_ready() is on every call's path, not only connection setup. That
+// launch usually lands within tens of microseconds, less than the shortest sleep (Linux adds its 50 us timer
+// slack to each), so polls yield the core for this long before backing off.
+constexpr std::chrono::microseconds kSpinFor{200};
+
+// After the spin, polls back off from 10 us to 1 ms: connection setup takes milliseconds, and a tighter loop
+// would only take the core from NCCL's own proxy thread.
 void backoff(int* sleep_us) {
   std::this_thread::sleep_for(std::chrono::microseconds(*sleep_us));
   *sleep_us = std::min(*sleep_us * 2, 1000);
@@ -22,6 +29,16 @@ void backoff(int* sleep_us) {
 // Re-raises an Error with the operation it happened in prepended, keeping its code and call.
 [[noreturn]] void rethrow_with(const Error& e, const std::string& what, const char* file, int line) {
   throw Error(e.code(), what + ": " + e.message(), e.call(), file, line, e.ranks());
+}
+
+// Teardown paths must not throw: without the guard NCCL and the runtime still do their work (NCCL switches to
+// the communicator's device itself), only from whatever device the thread has.
+void guard_quietly(std::optional<cuda::DeviceGuard>* guard, int device) noexcept {
+  try {
+    guard->emplace(device);
+  } catch (...) {
+    guard->reset();
+  }
 }
 
 std::string seconds(double s) {
@@ -162,7 +179,8 @@ void NcclComm::check_usable(const char* what) const {
 }
 
 void NcclComm::wait_ready(const char* call, const std::string& what) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(timeout_);
   int sleep_us = 10;
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -188,13 +206,18 @@ void NcclComm::wait_ready(const char* call, const std::string& what) {
     if (abort_requested_.load(std::memory_order_acquire)) {
       GPUCOLL_THROW(ErrorCode::kInvalidUsage, call, what, " was interrupted: the communicator is being aborted");
     }
-    if (Clock::now() >= deadline) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
       const std::string msg = what + ": NCCL did not finish " + call + " within the timeout of " +
                               seconds(timeout_.count()) + " (ncclCommGetAsyncError still says ncclInProgress)";
       abort_locked(msg);
       throw Error(ErrorCode::kTimeout, msg + "; the communicator was aborted", call, __FILE__, __LINE__);
     }
-    backoff(&sleep_us);
+    if (now - start < kSpinFor) {
+      std::this_thread::yield();
+    } else {
+      backoff(&sleep_us);
+    }
   }
 }
 
@@ -214,15 +237,7 @@ void NcclComm::settle(ncclResult_t r, const char* call, const std::string& what)
 
 cudaStream_t NcclComm::fork_internal(cudaStream_t from) {
   if (internal_ == nullptr) GPUCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&internal_, cudaStreamNonBlocking));
-  // The wait takes the event's state at call time, so the event can go back to the pool at once.
-  cudaEvent_t e = cuda::event_get(device_);
-  cudaError_t err = cudaEventRecord(e, from);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(internal_, e, 0);
-  cuda::event_put(device_, e);
-  if (err != cudaSuccess) {
-    cuda::throw_cuda(err, "cudaEventRecord + cudaStreamWaitEvent (internal stream after the caller's)", __FILE__,
-                     __LINE__);
-  }
+  cuda::stream_wait_stream(internal_, from, device_);
   return internal_;
 }
 
@@ -411,12 +426,13 @@ void NcclComm::group_start() {
 void NcclComm::group_end() {
   std::lock_guard<std::mutex> lock(call_mu_);
   if (group_.depth <= 0) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "ncclGroupEnd", "group end without a group start");
+  // The whole of it on the communicator's device: track() below takes pooled events of device_ and records them
+  // on the group's streams, which fails (cudaErrorInvalidResourceHandle) from another current device.
+  // Quietly: a failed switch must not skip the ncclGroupEnd below (track() then reports the CUDA error).
+  std::optional<cuda::DeviceGuard> guard;
+  guard_quietly(&guard, device_);
   // Always end NCCL's group (its depth is per thread and must balance), even on an aborted communicator.
-  ncclResult_t r = ncclSuccess;
-  {
-    cuda::DeviceGuard guard(device_);
-    r = lib_.fn.ncclGroupEnd();
-  }
+  const ncclResult_t r = lib_.fn.ncclGroupEnd();
   if (--group_.depth > 0) {
     if (r != ncclSuccess && r != ncclInProgress) nccl_check(r, "ncclGroupEnd", comm_, __FILE__, __LINE__);
     return;
@@ -459,6 +475,16 @@ PollResult NcclComm::poll() {
   out.issued = issued();
   out.usable = usable();
   const auto now = Clock::now();
+  // The watchdog is a thread of its own: without a current device its first CUDA call would bind (and create)
+  // device 0's context, in every rank. Set before RelaxedCaptureMode, whose runtime call would do the same.
+  std::optional<cuda::DeviceGuard> guard;
+  try {
+    guard.emplace(device_);
+  } catch (const Error& e) {
+    out.async_error = ncclUnhandledCudaError;
+    out.async_text = e.message();
+    return out;
+  }
   {
     cuda::RelaxedCaptureMode relaxed;
     std::lock_guard<std::mutex> lock(pend_mu_);
@@ -531,6 +557,10 @@ void NcclComm::abort_locked(const std::string& why) noexcept {
     std::swap(c, comm_);
   }
   if (c != nullptr) {
+    // On the communicator's device: NCCL saves and restores the caller's device around its teardown, which on
+    // the watchdog thread would otherwise be device 0 (a new context there).
+    std::optional<cuda::DeviceGuard> guard;
+    guard_quietly(&guard, device_);
     // ncclCommAbort also ends kernels still waiting on peers, which unblocks Work.synchronize().
     const ncclResult_t r = lib_.fn.ncclCommAbort(c);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -544,6 +574,8 @@ void NcclComm::abort_locked(const std::string& why) noexcept {
 void NcclComm::close() noexcept {
   try {
     std::lock_guard<std::mutex> lock(call_mu_);
+    std::optional<cuda::DeviceGuard> guard;  // finalize, abort, cudaFree and the stream's destruction alike
+    guard_quietly(&guard, device_);
     if (state_.load() == kOpen) {
       reason_ = "close() was called";
       state_.store(kClosed, std::memory_order_release);
@@ -556,7 +588,6 @@ void NcclComm::close() noexcept {
       if (c != nullptr && group_.depth == 0) {
         // Finalize waits for the issued operations (bounded by the timeout), then destroy frees the rest.
         // On any failure the communicator is aborted instead, which never waits.
-        cuda::DeviceGuard guard(device_);
         ncclResult_t r = lib_.fn.ncclCommFinalize(c);
         const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
         int sleep_us = 10;
@@ -580,7 +611,6 @@ void NcclComm::close() noexcept {
       pending_.clear();
     }
     if (scratch_ != nullptr) {
-      cuda::DeviceGuard guard(device_);
       if (cudaFree(scratch_) != cudaSuccess) cudaGetLastError();
       scratch_ = nullptr;
     }
