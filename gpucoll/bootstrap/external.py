@@ -13,6 +13,7 @@ shared-memory name, the NCCL unique id, the watchdog's progress records) then wo
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import socket
 import sys
@@ -48,6 +49,32 @@ class TorchStore:
 
     def check(self, keys) -> bool:
         return bool(self._store.check([keys] if isinstance(keys, str) else list(keys)))
+
+    # The rest of TCPStore's interface that backends use (the custom backend's handle exchange and barriers),
+    # built on set/get/add since torch's store has no wait-for-one-key-among-many request.
+    def set_json(self, key: str, obj) -> None:
+        self.set(key, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
+
+    def get_json(self, key: str, timeout: float | None = None):
+        return json.loads(self.get(key, timeout).decode("utf-8"))
+
+    def barrier(self, name: str, world_size: int, timeout: float | None = None, rank: int | None = None) -> None:
+        """As TCPStore.barrier: reusable (the n-th call of each rank joins generation n); a timeout names the
+        ranks that never arrived."""
+        if rank is None or not 0 <= rank < world_size:
+            raise InvalidArgument(f"rank must satisfy 0 <= rank < world_size={world_size}; got {rank!r}")
+        base = f"gpucoll/barrier/{name}/"
+        count = self.add(base + "count", 1)
+        gen = (count - 1) // world_size
+        self.set(f"{base}{gen}/arrived/{rank}", b"1")
+        if count == (gen + 1) * world_size:
+            self.set(f"{base}{gen}/done", b"1")
+        try:
+            self.get(f"{base}{gen}/done", timeout)
+        except CollectiveTimeout:
+            missing = [r for r in range(world_size) if not self.check(f"{base}{gen}/arrived/{r}")]
+            raise CollectiveTimeout(f"barrier {name!r} timed out: {world_size - len(missing)} of {world_size} ranks "
+                                    f"arrived; missing ranks: {missing}", ranks=missing) from None
 
     def close(self) -> None:
         """The store belongs to torch.distributed: nothing to close."""

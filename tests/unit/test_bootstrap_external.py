@@ -4,9 +4,9 @@ backend so that they are checked on any machine: the NCCL backend takes the same
 from __future__ import annotations
 
 import json
-import re
 import multiprocessing as mp
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,3 +100,33 @@ def test_init_from_mpi_comm(tmp_path):
 def test_mpi_comm_must_look_like_mpi4py():
     with pytest.raises(InvalidArgument, match="mpi_comm must be an mpi4py communicator"):
         gpucoll.init(backend="host", mpi_comm=object())
+
+
+def test_torch_store_has_what_the_gpu_backends_use():
+    """The custom backend exchanges JSON and meets at barriers through whatever store it was given: torch's too."""
+    import threading
+
+    import torch.distributed as dist
+
+    from gpucoll.bootstrap.external import TorchStore
+    from gpucoll.errors import CollectiveTimeout
+
+    store = TorchStore(dist.HashStore(), timeout=5.0)
+    store.set_json("k", {"a": [1, 2]})
+    assert store.get_json("k") == {"a": [1, 2]}
+    seen = []
+
+    def rank(r):
+        for _ in range(3):  # reusable: three generations
+            store.barrier("b", 3, rank=r)
+            seen.append(r)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(seen) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    with pytest.raises(CollectiveTimeout, match=r"1 of 2 ranks arrived; missing ranks: \[1\]") as info:
+        store.barrier("lonely", 2, timeout=0.2, rank=0)
+    assert list(info.value.ranks) == [1]
