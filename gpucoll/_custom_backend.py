@@ -55,10 +55,14 @@ def problems(build=None, probe=None) -> list:
 
 def takes_auto(world_size: int) -> bool:
     """Whether backend='auto' on a GPU becomes this backend (our kernels with NCCL behind them, chosen per call by
-    the topology model) rather than NCCL alone: kernels built, a usable GPU, 2 to CUSTOM_MAX_RANKS ranks."""
+    the topology model) rather than NCCL alone: kernels built, 2 to CUSTOM_MAX_RANKS ranks and at least as many
+    visible GPUs. Processes sharing a GPU stay on NCCL: our spinning kernels progress there only as the GPU
+    time-slices between processes (a correctness mode, asked for with backend='custom')."""
     from gpucoll import _C
 
-    return 2 <= world_size <= _C.CUSTOM_MAX_RANKS and not problems()
+    if not 2 <= world_size <= _C.CUSTOM_MAX_RANKS or problems():
+        return False
+    return int(_C.cuda_probe().get("device_count") or 0) >= world_size
 
 
 def check_usable(what: str = "backend='custom'") -> None:

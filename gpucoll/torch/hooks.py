@@ -8,9 +8,10 @@ Register one on a DistributedDataParallel model (the rest of the job keeps its o
 
 The state is the gpucoll ``Communicator`` to use, or a torch ``ProcessGroup`` (gpucoll builds a communicator over
 it), or ``None`` for the default group. A communicator built here is made on the first bucket (every rank reaches it
-together) and reused: the host backend for CPU gradients, the NCCL backend on the bucket's GPU for CUDA gradients.
-CPU buckets of such a communicator are reduced on a worker thread while backward goes on (gpucoll/torch/_worker.py);
-a communicator passed as the state is used on the autograd thread, since the caller may use it elsewhere too.
+together) and reused: the host backend for CPU gradients, the GPU backends ('auto') on the bucket's GPU for CUDA
+gradients. CPU buckets of such a communicator are reduced on a worker thread while backward goes on
+(gpucoll/torch/_worker.py); a communicator passed as the state is used on the autograd thread, since the caller may
+use it elsewhere too.
 
 Each hook does what torch's built-in hook of the same name does (torch.distributed.algorithms.ddp_comm_hooks.
 default_hooks): divide the bucket by the world size, sum it over ranks, and return a completed future of a tensor of
@@ -55,7 +56,7 @@ def _communicator(state, tensor: torch.Tensor):
                 import gpucoll
 
                 if device.type == "cuda":
-                    comm = gpucoll.init(from_torch=group, backend="nccl", device=device.index)
+                    comm = gpucoll.init(from_torch=group, backend="auto", device=device.index)
                 else:
                     comm = gpucoll.init(from_torch=group, backend="host")
                 worker = Worker(f"gpucoll-ddp-hook-r{comm.rank}") if device.type == "cpu" else None

@@ -5,7 +5,8 @@ size of the group it is making. Communicators are made lazily, one per kind of d
 (every rank reaches its first CPU or first CUDA operation together, so the rendezvous is collective):
 
 * CPU tensors run on gpucoll's host backend (shared memory; every rank on one machine);
-* CUDA tensors on gpucoll's NCCL backend, one communicator per CUDA device, on the caller's current stream.
+* CUDA tensors on gpucoll's GPU backends (backend 'auto': our allreduce kernels where the topology model predicts
+  they win, NCCL otherwise), one communicator per CUDA device, on the caller's current stream.
 
 Each communicator takes its keys under ``gpucoll/<device>/`` in the store torch hands in, which torch has already
 prefixed with the group's unique name: the default group, every ``new_group`` and every subset never share a key.
@@ -143,8 +144,8 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
                 from gpucoll.communicator import init_from_store
 
                 store = dist.PrefixStore(f"gpucoll/{key}/", self._store)
-                comm = init_from_store(store, self.rank(), self.size(), backend="nccl" if index is not None else "host",
-                                       timeout=self._timeout, device=index)
+                comm = init_from_store(store, self.rank(), self.size(), timeout=self._timeout, device=index,
+                                       backend="auto" if index is not None else "host")
                 self._comms[key] = comm
                 _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
         return comm
