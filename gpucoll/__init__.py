@@ -4,8 +4,8 @@ Importing gpucoll loads only its own native core (gpucoll._C) and NumPy; torch a
 call needs them.
 """
 
-from gpucoll._version import __version__
 from gpucoll import errors
+from gpucoll._version import __version__
 from gpucoll.errors import (
     CollectiveTimeout,
     CudaError,
@@ -19,22 +19,22 @@ from gpucoll.errors import (
 )
 
 __all__ = [
-    "__version__",
-    "init",
-    "spawn",
-    "Communicator",
-    "premul_sum",
-    "Work",
-    "errors",
-    "GpucollError",
-    "InvalidArgument",
-    "Unsupported",
-    "InvalidUsage",
     "CollectiveTimeout",
-    "RemoteError",
-    "NcclError",
+    "Communicator",
     "CudaError",
+    "GpucollError",
     "InternalError",
+    "InvalidArgument",
+    "InvalidUsage",
+    "NcclError",
+    "RemoteError",
+    "Unsupported",
+    "Work",
+    "__version__",
+    "errors",
+    "init",
+    "premul_sum",
+    "spawn",
 ]
 
 

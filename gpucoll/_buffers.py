@@ -8,8 +8,6 @@ is the Communicator's check (host: "cpu"; nccl: its CUDA device).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from gpucoll.errors import InvalidArgument, Unsupported
 
 # dtype names (NumPy's and torch's spelling after "torch.") -> gpucoll._C.DType member name
@@ -37,8 +35,19 @@ FP8 = ("float8_e4m3fn", "float8_e5m2")
 class Buffer:
     """A resolved array: what the backends need to know about it. Built on every call, so kept light."""
 
-    __slots__ = ("obj", "kind", "ptr", "count", "dtype", "dtype_name", "itemsize", "shape", "device", "keep",
-                 "stream")
+    __slots__ = (
+        "count",
+        "device",
+        "dtype",
+        "dtype_name",
+        "itemsize",
+        "keep",
+        "kind",
+        "obj",
+        "ptr",
+        "shape",
+        "stream",
+    )
 
     def __init__(self, obj, kind, ptr, count, dtype, dtype_name, itemsize, shape, device, keep=None, stream=None):
         self.obj = obj
@@ -57,7 +66,7 @@ class Buffer:
     def nbytes(self) -> int:
         return self.count * self.itemsize
 
-    def overlaps(self, other: "Buffer") -> bool:
+    def overlaps(self, other: Buffer) -> bool:
         if self.nbytes == 0 or other.nbytes == 0:
             return False
         return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
@@ -133,7 +142,7 @@ def _resolve_torch(x, arg: str) -> Buffer:
                   tuple(x.shape), device)
 
 
-def empty_like(buf: Buffer, count: int, shape: Optional[tuple] = None):
+def empty_like(buf: Buffer, count: int, shape: tuple | None = None):
     """A new array of `count` elements of buf's kind, dtype and device (for out=None results)."""
     shape = shape if shape is not None else (count,)
     if buf.kind == "torch":

@@ -15,7 +15,8 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from gpucoll.errors import GpucollError, InvalidArgument, RemoteError
 
@@ -146,7 +147,7 @@ def _pick_failure(failures, values):
             return (0, r)
         return (2, r)
 
-    r, payload = sorted(failures, key=severity)[0]
+    r, payload = min(failures, key=severity)
     if payload[0] == "error":
         exc = pickle.loads(payload[1])
         note = f"[gpucoll.spawn] raised on rank {r}; worker traceback:\n{payload[2]}"

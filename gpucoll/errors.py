@@ -12,16 +12,16 @@ All classes are picklable (so a worker's error crosses process boundaries intact
 from __future__ import annotations
 
 __all__ = [
-    "GpucollError",
-    "InvalidArgument",
-    "Unsupported",
-    "InvalidUsage",
     "CollectiveTimeout",
-    "RemoteError",
-    "NcclError",
     "CudaError",
-    "SystemError",
+    "GpucollError",
     "InternalError",
+    "InvalidArgument",
+    "InvalidUsage",
+    "NcclError",
+    "RemoteError",
+    "SystemError",
+    "Unsupported",
     "error_class_for_code",
 ]
 
@@ -102,7 +102,7 @@ class CudaError(GpucollError, RuntimeError):
     code = 7
 
 
-class SystemError(GpucollError, OSError):  # noqa: A001 - deliberate: gpucoll.errors.SystemError
+class SystemError(GpucollError, OSError):
     """An operating-system call failed (message holds strerror and errno)."""
 
     code = 8

@@ -3,4 +3,4 @@
 from gpucoll.bootstrap.env import LaunchInfo, detect_launch
 from gpucoll.bootstrap.store import TCPStore
 
-__all__ = ["LaunchInfo", "detect_launch", "TCPStore"]
+__all__ = ["LaunchInfo", "TCPStore", "detect_launch"]

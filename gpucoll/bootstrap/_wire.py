@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import List
 
 from gpucoll.errors import InvalidArgument
 
@@ -29,32 +28,32 @@ class _ProtocolError(Exception):
 
 class _Writer:
     def __init__(self):
-        self._parts: List[bytes] = []
+        self._parts: list[bytes] = []
 
-    def _pack(self, fmt: str, v) -> "_Writer":
+    def _pack(self, fmt: str, v) -> _Writer:
         self._parts.append(struct.pack(fmt, v))
         return self
 
-    def u8(self, v: int) -> "_Writer":
+    def u8(self, v: int) -> _Writer:
         return self._pack("!B", v)
 
-    def u32(self, v: int) -> "_Writer":
+    def u32(self, v: int) -> _Writer:
         return self._pack("!I", v)
 
-    def i64(self, v: int) -> "_Writer":
+    def i64(self, v: int) -> _Writer:
         return self._pack("!q", v)
 
-    def f64(self, v: float) -> "_Writer":
+    def f64(self, v: float) -> _Writer:
         return self._pack("!d", v)
 
-    def blob(self, b: bytes) -> "_Writer":
+    def blob(self, b: bytes) -> _Writer:
         self._parts += [struct.pack("!I", len(b)), bytes(b)]
         return self
 
-    def str(self, s: str) -> "_Writer":
+    def str(self, s: str) -> _Writer:
         return self.blob(s.encode("utf-8"))
 
-    def strs(self, items: List[str]) -> "_Writer":
+    def strs(self, items: list[str]) -> _Writer:
         self.u32(len(items))
         for s in items:
             self.str(s)
@@ -102,7 +101,7 @@ class _Reader:
         except UnicodeDecodeError:
             raise _ProtocolError("key is not valid UTF-8") from None
 
-    def strs(self) -> List[str]:
+    def strs(self) -> list[str]:
         return [self.str() for _ in range(self.u32())]  # a huge count fails on the first missing item
 
     def end(self) -> None:

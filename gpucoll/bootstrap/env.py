@@ -14,11 +14,11 @@ import dataclasses
 import operator
 import os
 import re
-from typing import List, Mapping, Optional
+from collections.abc import Mapping
 
 from gpucoll.errors import InvalidArgument
 
-__all__ = ["LaunchInfo", "detect_launch", "DEFAULT_PORT", "LOCAL_ADDRESS"]
+__all__ = ["DEFAULT_PORT", "LOCAL_ADDRESS", "LaunchInfo", "detect_launch"]
 
 DEFAULT_PORT = 29500  # torch.distributed's default, so MASTER_PORT-less scripts behave the same with both
 LOCAL_ADDRESS = "127.0.0.1"
@@ -43,7 +43,7 @@ class _Family:
     rank: str
     size: str
     local_rank: str
-    local_size: Optional[str]  # None: computed (Slurm has no single variable for it)
+    local_size: str | None  # None: computed (Slurm has no single variable for it)
 
 
 _FAMILIES = (
@@ -64,7 +64,7 @@ def _is_set(env: Mapping[str, str], name: str) -> bool:
     return value is not None and value.strip() != ""
 
 
-def _env_int(env: Mapping[str, str], name: str) -> Optional[int]:
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
     if not _is_set(env, name):
         return None
     raw = env[name]
@@ -84,9 +84,9 @@ def _arg_int(value, name: str) -> int:
         raise InvalidArgument(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
 
 
-def _parse_tasks_per_node(text: str) -> Optional[List[int]]:
+def _parse_tasks_per_node(text: str) -> list[int] | None:
     """Expand Slurm's compressed per-node task counts: "2(x3),1" -> [2, 2, 2, 1]. None when malformed."""
-    counts: List[int] = []
+    counts: list[int] = []
     for part in text.strip().split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if m is None:
@@ -98,7 +98,7 @@ def _parse_tasks_per_node(text: str) -> Optional[List[int]]:
     return counts or None
 
 
-def _slurm_local_size(env: Mapping[str, str]) -> Optional[int]:
+def _slurm_local_size(env: Mapping[str, str]) -> int | None:
     # "when parseable": these variables describe the allocation and can be odd; an unparseable one just means
     # "unknown", it is not the user's error.
     raw = env.get("SLURM_NTASKS_PER_NODE", "").strip()
@@ -115,7 +115,7 @@ def _slurm_local_size(env: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-def _pick_family(env: Mapping[str, str]) -> Optional[_Family]:
+def _pick_family(env: Mapping[str, str]) -> _Family | None:
     for family in _FAMILIES:
         if _is_set(env, family.rank) or _is_set(env, family.size):
             return family
@@ -123,7 +123,7 @@ def _pick_family(env: Mapping[str, str]) -> Optional[_Family]:
 
 
 def detect_launch(rank=None, world_size=None, address=None, port=None, local_rank=None,
-                  env: Optional[Mapping[str, str]] = None) -> LaunchInfo:
+                  env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Resolve this process's rank, world size, local rank and the rendezvous address.
 
     ``env`` defaults to ``os.environ`` (tests pass a dict). Raises ``gpucoll.errors.InvalidArgument`` naming the

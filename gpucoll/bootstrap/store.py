@@ -20,34 +20,33 @@ import socket
 import sys
 import threading
 import time
-from typing import List, Optional
 
 from gpucoll import errors
-from gpucoll.bootstrap._wire import (  # noqa: F401 - MAGIC and MAX_FRAME stay importable from here
+from gpucoll.bootstrap._wire import (
     _FRAME_TIMEOUT,
     _HEADER,
     _INT64_MAX,
     _INT64_MIN,
-    MAGIC,
-    MAX_FRAME,
     _OP_ADD,
     _OP_CHECK,
     _OP_DELETE,
     _OP_GET,
     _OP_SET,
     _OP_WAIT,
-    _ProtocolError,
-    _Reader,
-    _recv_exact,
     _REPLY_GRACE,
     _ST_ERROR,
     _ST_OK,
     _ST_TIMEOUT,
+    MAGIC,
+    MAX_FRAME,
+    _ProtocolError,
+    _Reader,
+    _recv_exact,
     _Writer,
 )
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
 
-__all__ = ["TCPStore", "MAGIC", "MAX_FRAME"]
+__all__ = ["MAGIC", "MAX_FRAME", "TCPStore"]
 
 _BARRIER_PREFIX = "__gpucoll_barrier__/"
 
@@ -58,7 +57,7 @@ def _warn(message: str) -> None:
         from gpucoll import _log
 
         _log.warn(message)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a warning must never raise
         sys.stderr.write(f"[gpucoll] WARN  {message}\n")
 
 
@@ -155,7 +154,7 @@ class _Server:
         except OSError as e:
             if not self._closed:
                 _warn(f"rendezvous store: connection from {peer} failed: {e}")
-        except Exception as e:  # a bug here must cost one connection, never the server
+        except Exception as e:  # noqa: BLE001 - a bug here must cost one connection, never the server
             _warn(f"rendezvous store: dropping {peer} after an internal error: {type(e).__name__}: {e}")
         finally:
             with self._conns_lock:
@@ -238,8 +237,8 @@ class _Server:
         return min(max(t, 0.0), threading.TIMEOUT_MAX)  # Condition.wait rejects values above TIMEOUT_MAX
 
     @staticmethod
-    def _error(cls, message: str) -> bytes:
-        return _Writer().u8(_ST_ERROR).u8(cls.code).str(message).frame()
+    def _error(exc_type, message: str) -> bytes:
+        return _Writer().u8(_ST_ERROR).u8(exc_type.code).str(message).frame()
 
     def _closed_reply(self) -> bytes:
         return self._error(RemoteError, "the rendezvous store server (rank 0) shut down while this request waited")
@@ -288,9 +287,9 @@ class TCPStore:
         self.host = host
         self.is_server = bool(is_server)
         self._lock = threading.Lock()
-        self._sock: Optional[socket.socket] = None
+        self._sock: socket.socket | None = None
         self._closed = False
-        self._server: Optional[_Server] = None
+        self._server: _Server | None = None
         if self.is_server:
             self._server = _Server(host, port)
             self.port = self._server.address[1]
@@ -404,7 +403,7 @@ class TCPStore:
             raise InvalidArgument(f"{name} must be a str, got {key!r} ({type(key).__name__})")
         return key
 
-    def _keys(self, keys) -> List[str]:
+    def _keys(self, keys) -> list[str]:
         if isinstance(keys, str):
             return [keys]
         try:
@@ -420,7 +419,7 @@ class TCPStore:
                                   f"{type(value).__name__}")
         self._request(_Writer().u8(_OP_SET).str(self._key(key)).blob(bytes(value)), self.timeout)
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting until some rank sets it; CollectiveTimeout after ``timeout`` seconds."""
         key, t = self._key(key), self._op_timeout(timeout)
         r = self._request(_Writer().u8(_OP_GET).str(key).f64(t), t + _REPLY_GRACE)
@@ -435,7 +434,7 @@ class TCPStore:
             raise InvalidArgument(f"amount must be an int64 integer, got {amount!r}")
         return self._request(_Writer().u8(_OP_ADD).str(self._key(key)).i64(amount), self.timeout).i64()
 
-    def _present(self, keys: List[str]) -> List[bool]:
+    def _present(self, keys: list[str]) -> list[bool]:
         flags = self._request(_Writer().u8(_OP_CHECK).strs(keys), self.timeout).blob()
         return [bool(f) for f in flags]
 
@@ -447,7 +446,7 @@ class TCPStore:
         """Remove ``key``; returns whether it existed."""
         return bool(self._request(_Writer().u8(_OP_DELETE).str(self._key(key)), self.timeout).u8())
 
-    def wait(self, keys, timeout: Optional[float] = None) -> None:
+    def wait(self, keys, timeout: float | None = None) -> None:
         """Block until every key exists; CollectiveTimeout naming the missing keys after ``timeout`` seconds."""
         keys, t = self._keys(keys), self._op_timeout(timeout)
         r = self._request(_Writer().u8(_OP_WAIT).f64(t).strs(keys), t + _REPLY_GRACE)
@@ -456,7 +455,7 @@ class TCPStore:
             raise CollectiveTimeout(f"timed out after {t:g} s waiting for keys {missing!r} in the rendezvous store "
                                     f"at {self.endpoint}")
 
-    def barrier(self, name: str, world_size: int, timeout: Optional[float] = None, rank: Optional[int] = None):
+    def barrier(self, name: str, world_size: int, timeout: float | None = None, rank: int | None = None):
         """Return once all ``world_size`` ranks called ``barrier(name, ...)``; every rank passes its ``rank``.
 
         Reusable: the n-th call of each rank joins generation n (derived from a shared counter). After a timeout
@@ -491,7 +490,7 @@ class TCPStore:
     def set_json(self, key: str, obj) -> None:
         self.set(key, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
 
-    def get_json(self, key: str, timeout: Optional[float] = None):
+    def get_json(self, key: str, timeout: float | None = None):
         return json.loads(self.get(key, timeout).decode("utf-8"))
 
     def close(self) -> None:
@@ -514,7 +513,7 @@ class TCPStore:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> "TCPStore":
+    def __enter__(self) -> TCPStore:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     def __exit__(self, *exc) -> None:
