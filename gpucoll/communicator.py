@@ -108,8 +108,7 @@ class Communicator:
         self._group = None
         self._group_depth = 0
         self._close_reason = "close() was called"
-        # custom: per-call choice of our kernels or NCCL (gpucoll/_select.py); chosen: 'auto' picked the backend,
-        # so the model may send a call to either (an explicit 'custom' keeps to the custom algorithms).
+        # per-call choice of our kernels or NCCL (gpucoll/_select.py); chosen: 'auto' picked the custom backend
         self._selector, self._chosen = selector, chosen
         # The custom backend takes CUDA buffers like NCCL (and hands what its kernels cannot run to NCCL).
         self._nccl = backend in ("nccl", "custom")
@@ -380,7 +379,9 @@ class Communicator:
         if self._backend == "custom":
             return self._run_custom(coll, algo, src, dst, count, redop, root, stream, async_op)
         if self._nccl:
-            # NCCL picks its own algorithm: `algo` is accepted for a uniform API and not used.
+            if algo not in (None, "auto", "nccl") and not (isinstance(algo, str) and algo.startswith("nccl:")):
+                raise InvalidArgument(f"algo={algo!r} cannot run on backend='nccl', which runs NCCL's own algorithms; "
+                                      f"gpucoll's run on backend='custom' or 'auto'")
             return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op)
         from gpucoll import _C
 

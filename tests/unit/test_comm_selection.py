@@ -127,3 +127,15 @@ def test_what_the_backend_tells_the_selector():
 
 def test_auto_never_takes_custom_without_a_gpu():
     assert not _C.cuda_probe().get("device_count") and not _custom_backend.takes_auto(2)
+
+
+def test_nccl_backend_refuses_our_algorithms():
+    impl = Recorder()
+    c = Communicator(rank=0, world_size=2, backend="nccl", impl=impl, store=None, timeout=5.0)
+    x = big(4096)
+    with pytest.raises(InvalidArgument, match="algo='oneshot' cannot run on backend='nccl'"):
+        c.all_reduce(x, algo="oneshot")
+    c.all_reduce(x, algo="nccl:ring")
+    c.all_reduce(x)
+    # both reach the backend's one entry point, with no algorithm forwarded (NCCL chooses its own)
+    assert impl.calls == [("custom", "auto", 1024), ("custom", "auto", 1024)]
