@@ -4,7 +4,6 @@ the backend. ``gpucoll.init`` builds one from the launcher's environment and a r
 from __future__ import annotations
 
 import contextlib
-import socket
 
 from gpucoll import _buffers, _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
@@ -510,69 +509,12 @@ def _check_common(backend, timeout, local_size, device):
 def _build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"
            ) -> Communicator:
     """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator."""
-    from gpucoll import _C
+    from gpucoll import _backends
 
-    _C.set_log_rank(launch.rank)
-    from gpucoll import _custom_backend, config
-
-    chosen = (requested == "auto" and kind == "nccl" and not config.get("GPUCOLL_BACKEND").strip()
-              and _custom_backend.takes_auto(launch.world_size))
-    if chosen:
-        kind = "custom"
-    selector = None
-    try:
-        if kind == "nccl":
-            from gpucoll import _nccl_backend
-
-            impl = _nccl_backend.init_backend(launch, store, timeout, device)
-        elif kind == "custom":
-            from gpucoll import _custom_backend
-
-            impl = _custom_backend.init_backend(launch, store, timeout, device)
-            try:
-                from gpucoll import _select
-
-                selector = _select.build(store, launch.rank, launch.world_size, device=impl.device,
-                                         local_size=local_size, avail=impl.availability(),
-                                         p2p_failed=impl.p2p_failed_pairs(), timeout=timeout)
-            except BaseException:
-                impl.close()
-                raise
-        else:
-            impl = _init_host(launch, store, timeout)
-    except BaseException:
-        store.close()
-        raise
+    kind, impl, selector, chosen = _backends.build(launch, store, kind, timeout, local_size, device, requested)
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
     return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
                         timeout=timeout, local_size=local_size, selector=selector, chosen=chosen)
-
-
-def _init_host(launch, store, timeout: float):
-    from gpucoll import _C
-
-    host = socket.gethostname()
-    # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
-    generation = (store.add("gpucoll/host/count", 1) - 1) // launch.world_size
-    prefix = f"gpucoll/host/{generation}/"
-    store.set(f"{prefix}hostname/{launch.rank}", host.encode())
-    if launch.rank == 0:
-        for r in range(1, launch.world_size):
-            other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
-            if other != host:
-                store.set(f"{prefix}shm", b"")
-                raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
-                                  f"rank 0 on {host!r}")
-        name = _C.HostComm.make_name()
-        impl = _C.HostComm(0, launch.world_size, float(timeout), name, True)
-        store.set(f"{prefix}shm", name.encode())
-    else:
-        name = store.get(f"{prefix}shm", timeout=timeout).decode()
-        if not name:
-            raise Unsupported("the host backend needs every rank on one machine (rank 0 found ranks on other hosts)")
-        impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), name, False)
-    impl.wait_attached()
-    return impl
 
 
 def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto", timeout: float = 300.0,
