@@ -23,7 +23,8 @@ def _cpu_backend_from_caller(store, rank: int, size: int, timeout):
     the whole group. Its locals say what the user asked for CPU tensors and hold the backend it already made for them
     when "cpu" came first. Anything unexpected (another torch version) leaves CPU tensors to gpucoll's host backend,
     which gives the same results on one machine."""
-    from gpucoll.torch.process_group import BACKEND_NAME, _seconds  # at call time: process_group imports this module
+    from gpucoll.torch._call import _seconds
+    from gpucoll.torch.process_group import BACKEND_NAME  # at call time: process_group imports this module
 
     try:
         # Two frames up: this function, process_group.create, then torch's caller of the creator.

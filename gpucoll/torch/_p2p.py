@@ -17,7 +17,7 @@ from gpucoll.errors import InvalidArgument, Unsupported
 from gpucoll.torch.work import Work
 
 if TYPE_CHECKING:
-    from gpucoll.torch.process_group import _Call
+    from gpucoll.torch._call import _Call
 
 
 class PointToPointMixin:

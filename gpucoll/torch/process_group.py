@@ -24,7 +24,6 @@ cannot do raises ``gpucoll.Unsupported`` naming the operation; bad arguments rai
 
 from __future__ import annotations
 
-import datetime
 import threading
 
 import torch
@@ -33,6 +32,7 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.torch._call import _Call, _op_name, _seconds
 from gpucoll.torch._cpu_fallback import _cpu_backend_from_caller
 from gpucoll.torch._p2p import PointToPointMixin
 from gpucoll.torch._worker import Worker
@@ -48,50 +48,6 @@ _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "PREMUL_SUM": "premul_sum"}
 _BITWISE = ("BAND", "BOR", "BXOR")
-
-
-def _seconds(timeout) -> float:
-    if timeout is None:
-        return 1800.0
-    if isinstance(timeout, datetime.timedelta):
-        return max(timeout.total_seconds(), 1e-3)
-    return float(timeout)
-
-
-def _op_name(op) -> str:
-    """"SUM", "PREMUL_SUM", ... for a torch ReduceOp (object or enum value)."""
-    kind = getattr(op, "op", op)
-    name = getattr(kind, "name", None)
-    if name is None:  # older pybind enums: str() is "RedOpType.SUM"
-        name = str(kind).rsplit(".", 1)[-1]
-    return str(name).upper()
-
-
-class _Call:
-    """One operation in flight inside a method: its communicator, what it enqueued, what to copy back."""
-
-    __slots__ = ("comm", "cuda", "device", "gworks", "writebacks")
-
-    def __init__(self, comm, device: torch.device):
-        self.comm = comm
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.gworks = []
-        self.writebacks = []
-
-    def track(self, result):
-        """Keeps the gpucoll Work of an async_op=True call (nccl); host calls finish before returning."""
-        if self.cuda and result is not None and hasattr(result, "wait"):
-            self.gworks.append(result)
-
-    def out(self, t: torch.Tensor, keep: bool = False) -> torch.Tensor:
-        """`t` as a contiguous tensor to write into: `t` itself, or for a strided `t` a contiguous one copied back
-        into it at the end (holding `t`'s values first when `keep`: an in-place operation reads them)."""
-        if t.is_contiguous():
-            return t
-        tmp = t.contiguous() if keep else torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        self.writebacks.append((t, tmp))
-        return tmp
 
 
 class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
