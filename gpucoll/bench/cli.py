@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 
-from gpucoll.bench import colls, report
+from gpucoll.bench import colls, launch, report
 from gpucoll.bench.harness import Params, sizes
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
@@ -220,10 +220,21 @@ def check_backend(p: Params, nranks: int, requested: str) -> None:
         return
     if p.graph and p.blocking:
         raise UsageError("-z 1 synchronizes after every call, which a CUDA graph capture cannot do: use -G or -z")
+    from gpucoll.bench import devmem, virtual
+
+    if devmem.cuda_lib() == "cupy":
+        p.dtypes = _runnable(p.dtypes, p.dtypes_all, "-d", where, p.notes, lambda t: (
+            "CuPy has no bfloat16 and torch cannot use the GPU here, so CUDA buffers come from CuPy"
+            if t == "bfloat16" else None))
     if p.backend == "custom":
         if p.graph:
             raise UsageError("-G/--cudagraph: capturing virtual ranks (--backend custom) is not supported yet; "
                              "use -G with --backend nccl")
+        # Rows the kernels refuse would fail every virtual rank's run: refuse them now, or skip them for "all".
+        p.dtypes = _runnable(p.dtypes, p.dtypes_all, "-d", where, p.notes,
+                             lambda t: virtual.kernel_problem(colls.DTYPES[t].gpucoll, None))
+        if colls.get(p.coll).reduces:
+            p.ops = _runnable(p.ops, p.ops_all, "-o", where, p.notes, lambda o: virtual.kernel_problem("float32", o))
         return
     if any(a != "auto" for a in p.algos):
         p.notes.append(f"--backend nccl: NCCL picks its own algorithm, so --algo {','.join(p.algos)} runs as auto")
@@ -238,6 +249,19 @@ def check_backend(p: Params, nranks: int, requested: str) -> None:
             raise UsageError(str(e)) from None
         if env:
             p.notes.append(f"--nranks {nranks}: ranks share GPUs through NCCL's multi-rank mode ({', '.join(env)}=1)")
+
+
+def _runnable(values: list[str], from_all: bool, flag: str, where: str, notes: list, problem) -> list[str]:
+    """The values of `flag` that `problem(value)` (a reason or None) lets run. A refused value is a UsageError
+    when asked for by name, or when nothing is left; from "all" it is skipped with a note."""
+    kept = [v for v in values if problem(v) is None]
+    refused = [v for v in values if v not in kept]
+    if refused and (not from_all or not kept):
+        raise UsageError(f"{flag} {refused[0]} cannot run on {where}: {problem(refused[0])}"
+                         + (f"; pick from {', '.join(kept)}" if kept else ""))
+    if refused:
+        notes.append(f"{flag} all on {where}: skipped {', '.join(refused)} ({problem(refused[0])})")
+    return kept
 
 
 def parse_args(argv: list[str] | None = None) -> Params:
@@ -259,6 +283,7 @@ def parse_args(argv: list[str] | None = None) -> Params:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'gpucoll[bench]' (or matplotlib)")
     dtypes = args.datatype
+    dtypes_all = getattr(dtypes, "from_all", False)
     if "bfloat16" in dtypes and importlib.util.find_spec("torch") is None:
         if getattr(dtypes, "from_all", False):
             dtypes = [t for t in dtypes if t != "bfloat16"]
@@ -274,7 +299,8 @@ def parse_args(argv: list[str] | None = None) -> Params:
     d = Params()
     return Params(coll=args.collective, minbytes=args.minbytes, maxbytes=args.maxbytes, stepbytes=args.stepbytes,
                   stepfactor=args.stepfactor, iters=args.iters, warmup_iters=args.warmup_iters, check=args.check,
-                  dtypes=list(dtypes), ops=list(args.op or d.ops), root=d.root if args.root is None else args.root,
+                  dtypes=list(dtypes), ops=list(args.op or d.ops), dtypes_all=dtypes_all,
+                  ops_all=getattr(args.op, "from_all", False), root=d.root if args.root is None else args.root,
                   algos=algos, algo_all=algo_all, average=args.average,
                   json=args.json, csv=args.csv, plot=args.plot, min_busbw=args.min_busbw, compare=args.compare,
                   timeout=args.timeout, backend=args.backend[0], backends=list(args.backend), nranks=args.nranks,
@@ -396,7 +422,7 @@ def _peer(p: Params, n: int) -> None:
     from gpucoll.bench import peers
 
     peer, note = peers.resolve(p.compare, p.backend)
-    why = peers.unavailable(peer, p.coll, p.backend)
+    why = peers.unavailable(peer, p.coll, p.backend, n)
     if why:
         raise UsageError(why)
     if note:
@@ -422,8 +448,10 @@ def _run(p: Params, requested: str) -> list:
         if p.compare:
             raise UsageError("--compare spawns the peer's ranks itself: use --nranks N instead of a launcher")
         p.launch = which
+        if p.backend == "nccl":
+            launch.share_gpus(p, info.local_world_size or 1)
         _fit_memory(p, info.local_world_size or 1)
-        comm = _launcher_comm(p, info)
+        comm = launch.launcher_comm(p, info)
         try:
             return [harness.run_rank(comm, p)]
         finally:
@@ -437,51 +465,6 @@ def _run(p: Params, requested: str) -> list:
         p.notes.append(f"--nranks {n} given: {which} launcher variables ignored, running local ranks")
     _fit_memory(p, n)
     return harness.run_local(harness.run_rank, p, n, (p,))
-
-
-class _SharedStore:
-    """The launcher's rendezvous store, kept open across the communicators of a --backend sweep: each init over
-    it takes its own keys, and closing one communicator must not close the store the next one meets through (a
-    fresh store on the launcher's port would race the old one's socket). main() closes the real one at the end."""
-
-    def __init__(self, store):
-        self._store = store
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
-    def close(self) -> None:
-        pass
-
-
-_LAUNCH_STORES: list = []  # the real store of this process's launcher run (at most one)
-
-
-def _launcher_comm(p: Params, info):
-    from gpucoll.bootstrap import TCPStore
-    from gpucoll.communicator import init_from_store
-
-    if not _LAUNCH_STORES and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-        # torchrun's agent already serves a store on MASTER_PORT (a second server there cannot bind): meet
-        # through it as its workers' init_process_group does.
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        from gpucoll.bootstrap.external import TorchStore
-
-        agent = dist.TCPStore(info.address, info.port, info.world_size, is_master=False,
-                              timeout=timedelta(seconds=p.timeout))
-        _LAUNCH_STORES.append(TorchStore(agent, p.timeout))
-    if not _LAUNCH_STORES:
-        _LAUNCH_STORES.append(TCPStore(info.address, info.port, is_server=info.rank == 0, timeout=p.timeout))
-    return init_from_store(_SharedStore(_LAUNCH_STORES[0]), info.rank, info.world_size, backend=p.backend,
-                           timeout=p.timeout)
-
-
-def _close_launch_stores() -> None:
-    while _LAUNCH_STORES:
-        _LAUNCH_STORES.pop().close()
 
 
 def write_outputs(p: Params, docs: list) -> None:
@@ -563,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
             if results and results[0] and results[0].get("doc"):
                 docs.append(results[0]["doc"])
     finally:
-        _close_launch_stores()
+        launch.close_stores()
     if docs:
         write_outputs(p, docs)
     return status

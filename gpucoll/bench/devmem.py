@@ -134,10 +134,15 @@ class CudaMem(HostMem):
         return np.zeros(nbytes, np.uint8)  # the host mirror the plugins fill and check
 
     def twin(self, host: np.ndarray):
-        if self.lib == "torch":
-            return self._torch.zeros(host.size, dtype=self._torch.uint8, device=f"cuda:{self.device}")
-        with self._cupy.cuda.Device(self.device):
-            return self._cupy.zeros(host.size, dtype=self._cupy.uint8)
+        # Allocated and zero-filled on the run's stream: a virtual rank's stream is non-blocking, so a zero fill
+        # left on the legacy default stream would not be ordered before that stream's first upload and could
+        # land after it (and the caching allocators tie the block to the stream it was allocated on).
+        with self._on_stream():
+            if self.lib == "torch":
+                dev = self._torch.zeros(host.size, dtype=self._torch.uint8, device=f"cuda:{self.device}")
+            else:
+                dev = self._cupy.zeros(host.size, dtype=self._cupy.uint8)
+        return dev
 
     def view(self, raw, first: int, nbytes: int, dt):
         part = raw[first:first + nbytes]

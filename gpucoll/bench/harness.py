@@ -43,6 +43,8 @@ class Params:
     check: int = 1
     dtypes: list[str] = field(default_factory=lambda: ["float"])
     ops: list[str] = field(default_factory=lambda: ["sum"])
+    dtypes_all: bool = False  # -d all / -o all: what a backend cannot run is skipped with a note, not refused
+    ops_all: bool = False
     root: int = 0
     algos: list[str] = field(default_factory=lambda: ["auto"])
     algo_all: bool = False  # --algo all: algorithms unusable at this world size are skipped, not refused

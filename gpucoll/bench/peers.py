@@ -16,6 +16,7 @@ time for the row.
 from __future__ import annotations
 
 import os
+import queue
 import time
 
 PEERS = ("gloo", "torch", "nccl")
@@ -33,8 +34,8 @@ def resolve(peer: str, backend: str) -> tuple[str, str | None]:
     return peer, None
 
 
-def unavailable(peer: str, coll: str, backend: str) -> str | None:
-    """Why --compare `peer` cannot run here, or None."""
+def unavailable(peer: str, coll: str, backend: str, nranks: int = 1) -> str | None:
+    """Why --compare `peer` cannot run here on `nranks` local ranks, or None."""
     if peer == "nccl":
         if backend != "custom":
             return (f"--compare nccl compares gpucoll's own kernels (--backend custom) with NCCL at the same ranks; "
@@ -67,7 +68,32 @@ def unavailable(peer: str, coll: str, backend: str) -> str | None:
         return "--compare gloo: this torch has no gloo backend"
     if peer == "torch" and not dist.is_nccl_available():
         return "--compare torch: this torch has no NCCL backend (a CPU-only torch?): install a CUDA build of torch"
+    if peer == "torch":
+        return _torch_shares_gpus_problem(nranks)
     return None
+
+
+def _torch_shares_gpus_problem(nranks: int) -> str | None:
+    """Ranks outnumbering GPUs share them through NCCL's multi-rank mode, which the NCCL torch loads (its own
+    pinned wheel, maybe older than the one gpucoll loads) must have: else every rank fails its first collective
+    with "Duplicate GPU detected"."""
+    from gpucoll import _C
+
+    gpus = int(_C.cuda_probe().get("device_count") or 0)
+    if nranks <= gpus:
+        return None
+    import torch
+
+    try:
+        version = tuple(torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - cannot tell: let the run say
+        return None
+    code = version[0] * 10000 + version[1] * 100 + (version[2] if len(version) > 2 else 0)
+    if _C.nccl_multi_rank_gpu_supported(code):
+        return None
+    return (f"--compare torch with {nranks} ranks on {gpus} GPU(s) needs ranks to share a GPU, which torch's NCCL "
+            f"{'.'.join(map(str, version))} cannot (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1); use --nranks "
+            f"{max(gpus, 1)} or a torch built with a newer NCCL")
 
 
 def measure(peer: str, p, nranks: int) -> dict:
@@ -160,9 +186,23 @@ def run_local_ranks(target, nranks: int, args: tuple, timeout: float, what: str)
         proc.start()
     got = {}
     try:
-        deadline = time.monotonic() + timeout
+        # Short waits, so that a rank that died without reporting (a CUDA or NCCL crash) ends the run at once
+        # instead of after the whole timeout, and a timeout says which ranks never reported.
+        deadline, dead_since = time.monotonic() + timeout, None
         while len(got) < nranks:
-            rank, value, err = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                rank, value, err = results.get(timeout=0.5)
+            except queue.Empty:
+                late = [r for r in range(nranks) if r not in got]
+                dead = [r for r in late if not procs[r].is_alive()]
+                # A rank's last report may still be in the pipe as it exits: a second chance before failing.
+                dead_since = (dead_since or time.monotonic()) if dead else None
+                if dead_since is not None and time.monotonic() - dead_since > 2.0:
+                    raise RuntimeError(f"{what}: rank {dead[0]} exited with code {procs[dead[0]].exitcode} without "
+                                       f"reporting") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what}: ranks {late} did not finish within {timeout:g} s (-T)") from None
+                continue
             if err:
                 raise RuntimeError(f"{what}: rank {rank}: {err}")
             got[rank] = value
@@ -184,8 +224,10 @@ def run_torch(p, nranks: int, backend: str) -> dict:
 
         if nranks > int(_C.cuda_probe().get("device_count") or 0):
             env[MULTI_RANK_ENV] = "1"  # torch's NCCL must allow ranks to share a GPU (NCCL >= 2.30)
-    got = run_local_ranks(_torch_rank, nranks, (backend, env, p.coll, p.root, plan(p, nranks), p.warmup_iters,
-                                                p.iters), p.timeout, f"--compare ({backend} through torch.distributed)")
+    rows = plan(p, nranks)
+    # -T bounds one collective; the ranks report once, after every row (a rank that dies is noticed at once).
+    got = run_local_ranks(_torch_rank, nranks, (backend, env, p.coll, p.root, rows, p.warmup_iters, p.iters),
+                          p.timeout * max(1, len(rows)), f"--compare ({backend} through torch.distributed)")
     keys = set.intersection(*(set(t) for t in got.values()))
     return {k: max(got[r][k] for r in got) for k in keys}
 

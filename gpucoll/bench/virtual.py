@@ -35,7 +35,7 @@ def _factory():
     return getattr(testing, "virtual_ranks", None)
 
 
-def _runs(coll: str) -> bool:
+def runs(coll: str) -> bool:
     """Whether virtual ranks run `coll` (gpucoll.testing.VirtualRanks has a method of that name)."""
     from gpucoll import testing
 
@@ -56,9 +56,20 @@ def problem(coll: str | None = None) -> str | None:
                 "gpucoll does not have; use --backend nccl (or --backend host)")
     if devmem.cuda_lib() is None:
         return "--backend custom allocates CUDA buffers with torch or CuPy: install one with CUDA support"
-    if coll is not None and not _runs(coll):
+    if coll is not None and not runs(coll):
         return f"--backend custom (gpucoll's own kernels) does not run {coll}: use --backend nccl"
     return None
+
+
+def kernel_problem(dtype: str, op: str | None) -> str | None:
+    """Why gpucoll's own allreduce kernels have no kernel for gpucoll dtype `dtype` with `op` (None: any op), or
+    None. Asked of the custom backend's eligibility rules (csrc/backends/custom/eligibility.cc) rather than a
+    copy of their lists: a row the kernels refuse fails every virtual rank's run."""
+    from gpucoll import _C
+
+    why = _C.custom_eligibility(1, ["localhost"], [1], getattr(_C.DType, dtype), getattr(_C.RedOp, op or "sum"),
+                                False, 64, 0, 0)
+    return None if why["ok"] else why["reason"]
 
 
 class _World:
@@ -182,7 +193,8 @@ def run(fn, nranks: int, args: tuple = (), timeout: float = 300.0, device: int =
     factory = _factory()
     if factory is None:
         raise Unsupported(problem() or "gpucoll.testing.virtual_ranks is not available")
-    vr = factory(nranks, device=device)
+    # The kernels' own wait for peers (a spinning rank gives up after it) is the run's timeout too.
+    vr = factory(nranks, device=device, timeout=timeout)
     world = _World(vr, nranks, device, timeout)
     results: list = [None] * nranks
     errors: dict = {}
@@ -201,6 +213,12 @@ def run(fn, nranks: int, args: tuple = (), timeout: float = 300.0, device: int =
             t.start()
         for t in threads:
             t.join(timeout + 30.0)
+        if not errors and not any(t.is_alive() for t in threads):
+            # A kernel that gave up waiting for a peer leaves a flag and wrong (or, with -c 0, unchecked) rows:
+            # vr.synchronize() raises CollectiveTimeout naming the ranks instead of a clean-looking table.
+            sync = getattr(vr, "synchronize", None)
+            if sync is not None:
+                sync()
     finally:
         close = getattr(vr, "close", None)
         if close is not None:

@@ -18,13 +18,16 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 SMALL = ["-b", "8", "-e", "1M", "-f", "16", "-n", "5", "-w", "2", "-c", "1"]
+NSIZES = 5  # 8, 128, 2K, 32K, 512K
 COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 
 
-def bench(*args, timeout=300):
+def bench(*args, timeout=300, lib=None):
+    """The command line in a fresh process; lib="cupy" makes devmem allocate with CuPy even where torch could."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                                                              "SLURM_PROCID")}
-    cmd = [sys.executable, "-c", "import sys; from gpucoll.bench.cli import main; sys.exit(main())", *args]
+    force = f"from gpucoll.bench import devmem; devmem.cuda_lib = lambda: {lib!r}; " if lib else ""
+    cmd = [sys.executable, "-c", f"import sys; {force}from gpucoll.bench.cli import main; sys.exit(main())", *args]
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -63,9 +66,11 @@ def custom_reason() -> str | None:
 @pytest.mark.parametrize("coll", COLLS)
 def test_nccl_world_size_1(coll):
     res = bench(coll, "--backend", "nccl", *SMALL, "-d", "float,bfloat16,int8")
-    got = assert_clean(res, nrows=3 * 3)
+    got = assert_clean(res, nrows=3 * NSIZES)
     assert "[nccl]" in res.stdout and "cuda:0" in res.stdout
-    assert all(float(r[5]) > 0 for r in got)
+    # Rows of 0 elements (8 B split in 16-byte blocks) may time as nothing; every other row took some time and
+    # was checked (not N/A) out of place.
+    assert all(float(r[5]) > 0 and r[8] == "0" for r in got if r[1] != "0")
 
 
 def test_nccl_two_ranks(tmp_path):
@@ -74,25 +79,53 @@ def test_nccl_two_ranks(tmp_path):
         pytest.skip(why)
     out = tmp_path / "n2.json"
     res = bench("all_reduce", "--backend", "nccl", "--nranks", "2", *SMALL, "-o", "all", "--json", str(out))
-    assert_clean(res, nrows=5 * 3)
+    got = assert_clean(res, nrows=5 * NSIZES)
+    assert all(r[8] == "0" and r[12] == "0" for r in got)  # all_reduce: both placements checked
     doc = json.loads(out.read_text())
     assert doc["environment"]["nranks"] == 2 and {r["backend"] for r in doc["results"]} == {"nccl"}
 
 
 def test_cuda_graph_mode():
     res = bench("all_reduce", "--backend", "nccl", *SMALL, "-G", "10")
-    assert_clean(res, nrows=3)
-    assert "graph: 10" in res.stdout
+    got = assert_clean(res, nrows=NSIZES)
+    assert "graph: 10" in res.stdout and all(r[8] == "0" and r[12] == "0" for r in got)
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "all_gather", "reduce_scatter"])
+def test_cuda_graph_mode_two_ranks(coll):
+    """Captured NCCL calls of several ranks (broadcast out of place captures its copy too), checked through a graph."""
+    why = two_ranks_reason()
+    if why:
+        pytest.skip(why)
+    got = assert_clean(bench(coll, "--backend", "nccl", "--nranks", "2", *SMALL, "-G", "3"), nrows=NSIZES)
+    assert all(r[8] == "0" for r in got if r[1] != "0")
+
+
+def test_cupy_buffers_graph_and_bfloat16_refusal():
+    """The CuPy side of devmem (its events, stream capture and copies), as on a machine without a CUDA torch."""
+    pytest.importorskip("cupy")
+    got = assert_clean(bench("broadcast", "--backend", "nccl", *SMALL, "-G", "2", lib="cupy"), nrows=NSIZES)
+    assert all(r[8] == "0" and r[12] == "0" for r in got)
+    assert_clean(bench("all_reduce", "--backend", "nccl", *SMALL, "-o", "max", lib="cupy"), nrows=NSIZES)
+    res = bench("all_reduce", "--backend", "nccl", *SMALL, "-d", "bfloat16", lib="cupy")
+    assert res.returncode == 2 and "CuPy has no bfloat16" in res.stderr
+
+
+def test_wrong_results_fail_the_run():
+    """The check is live on the CUDA path: one corrupted element makes #wrong > 0 and exit status 1."""
+    res = bench("all_reduce", "--backend", "nccl", *SMALL, "--inject-error")
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert any(r[8] not in ("0", "N/A") for r in table_rows(res.stdout))
 
 
 def test_blocking_mode():
-    assert_clean(bench("all_gather", "--backend", "nccl", *SMALL, "-z", "1"), nrows=3)
+    assert_clean(bench("all_gather", "--backend", "nccl", *SMALL, "-z", "1"), nrows=NSIZES)
 
 
 def test_compare_torch_nccl():
     pytest.importorskip("torch")
     res = bench("all_reduce", "--backend", "nccl", *SMALL, "--compare", "torch")
-    got = assert_clean(res, nrows=3)
+    got = assert_clean(res, nrows=NSIZES)
     assert all(len(r) == 15 and r[13] != "N/A" for r in got)  # torch's time and the ratio after nccl-tests' columns
 
 
@@ -108,8 +141,20 @@ def test_custom_every_algorithm_two_virtual_ranks():
         pytest.skip(why)
     res = bench("all_reduce", "--backend", "custom", "--nranks", "2", "--algo", "oneshot,twoshot,ring,tree", *SMALL,
                 "-d", "float,half,bfloat16")
-    assert_clean(res, nrows=4 * 3 * 3)
-    assert res.stdout.count("# Algorithm: ") == 4
+    got = assert_clean(res, nrows=4 * 3 * NSIZES)
+    assert res.stdout.count("# Algorithm: ") == 4 and all(r[8] == "0" and r[12] == "0" for r in got)
+
+
+def test_custom_all_datatypes_and_ops_skip_what_has_no_kernel():
+    why = custom_reason()
+    if why:
+        pytest.skip(why)
+    res = bench("all_reduce", "--backend", "custom", "--nranks", "2", *SMALL, "-d", "all", "-o", "all")
+    got = assert_clean(res, nrows=5 * 4 * NSIZES)  # 5 dtypes with kernels x sum, max, min, avg
+    assert "skipped int8, uint8, int64" in res.stdout and "skipped prod" in res.stdout
+    assert all(r[8] == "0" and r[12] == "0" for r in got)
+    res = bench("all_reduce", "--backend", "custom", "--nranks", "2", *SMALL, "--inject-error")
+    assert res.returncode == 1
 
 
 def test_custom_compare_nccl():
@@ -117,7 +162,7 @@ def test_custom_compare_nccl():
     if why:
         pytest.skip(why)
     res = bench("all_reduce", "--backend", "custom", "--nranks", "2", *SMALL, "--compare", "nccl")
-    got = assert_clean(res, nrows=3)
+    got = assert_clean(res, nrows=NSIZES)
     assert all(r[13] != "N/A" for r in got)
 
 
@@ -125,3 +170,8 @@ def test_check_on_the_gpu(tmp_path):
     res = bench("--check", "--json", str(tmp_path / "c.json"), timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "check nccl" in res.stdout and "check: OK" in res.stdout
+    assert "FAIL" not in res.stdout
+    if custom_reason() is None:  # virtual ranks run all_reduce and skip the rest, never fail the backend
+        assert "check custom all_reduce      OK" in res.stdout and "check custom broadcast       SKIP" in res.stdout
+    docs = json.loads((tmp_path / "c.json").read_text())
+    assert docs and all(d["out_of_bounds"]["count"] == 0 for d in docs)

@@ -133,14 +133,29 @@ class FakeVirtualRanks:
 
     instances: ClassVar[list] = []
 
-    def __init__(self, nranks, device=0):
-        self.n, self.device, self.calls, self.closed = nranks, device, [], False
+    def __init__(self, nranks, device=0, timeout=60.0):
+        self.n, self.device, self.timeout, self.calls, self.closed, self.synced = nranks, device, timeout, [], False, 0
         FakeVirtualRanks.instances.append(self)
+
+    def synchronize(self):
+        self.synced += 1
 
     def all_reduce(self, xs, outs=None, op="sum", algo="auto"):
         self.calls.append(("all_reduce", algo))
-        red = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op].reduce(
-            np.stack([np.array(x) for x in xs]))
+        if hasattr(xs[0], "copy_"):  # bfloat16 comes as torch views: reduce in float32 (exact for these inputs)
+            import torch
+
+            st = torch.stack([x.float() for x in xs])
+            red = {"sum": st.sum(0), "max": st.amax(0), "min": st.amin(0), "avg": st.sum(0) / len(xs)}[op]
+            for o in (outs or xs):
+                o.copy_(red)
+            return outs or xs
+        st = np.stack([np.array(x) for x in xs])
+        if op == "avg":  # as gpucoll/NCCL: floats divide the sum, integers truncate toward zero
+            s = st.sum(axis=0)
+            red = s / len(xs) if st.dtype.kind == "f" else np.sign(s) * (np.abs(s) // len(xs))
+        else:
+            red = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op].reduce(st)
         for o in (outs or xs):
             o[...] = red
         return outs or xs
@@ -165,14 +180,14 @@ def test_fake_matches_the_real_virtual_ranks():
     real = inspect.signature(testing.VirtualRanks.all_reduce).parameters
     fake = inspect.signature(FakeVirtualRanks.all_reduce).parameters
     assert list(fake) == [n for n in real if n in fake] and {"xs", "outs", "op", "algo"} <= set(real)
-    assert virtual._runs("all_reduce") and not virtual._runs("broadcast")
+    assert virtual.runs("all_reduce") and not virtual.runs("broadcast")
 
 
 @pytest.fixture
 def fake_vr(monkeypatch):
     FakeVirtualRanks.instances = []
     monkeypatch.setattr(virtual, "_factory", lambda: FakeVirtualRanks)
-    monkeypatch.setattr(virtual, "_runs", lambda coll: hasattr(FakeVirtualRanks, coll))
+    monkeypatch.setattr(virtual, "runs", lambda coll: hasattr(FakeVirtualRanks, coll))
     monkeypatch.setattr(devmem, "for_comm", lambda comm, staged=False: devmem.StagedHostMem())
     return FakeVirtualRanks
 
@@ -186,6 +201,7 @@ def test_virtual_ranks_adapter(fake_vr, coll, ops, algo):
     assert len(res[0]["rows"]) == 2 * len(ops.split(",")) * 2 and res[1]["rows"] is None
     (vr,) = fake_vr.instances
     assert vr.closed and vr.n == 3 and set(vr.calls) == {(coll, algo)}
+    assert vr.timeout == 30 and vr.synced == 1  # -T reaches the kernels; a kernel's timeout flag is looked at
 
 
 def test_virtual_rank_failure_is_raised_with_its_rank(fake_vr, monkeypatch):
