@@ -7,10 +7,15 @@
 #include "algo/registry.h"
 #include "backends/nccl/nccl_features.h"
 #include "backends/nccl_cuda/cuda_util.h"
+#include "backends/nccl_cuda/nccl_comm_internal.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace gpucoll::nccl {
+
+using detail::backoff;
+using detail::guard_quietly;
+
 namespace {
 
 // NCCL >= 2.23 hands every operation of a non-blocking communicator to a new thread and returns ncclInProgress
@@ -19,26 +24,9 @@ namespace {
 // slack to each), so polls yield the core for this long before backing off.
 constexpr std::chrono::microseconds kSpinFor{200};
 
-// After the spin, polls back off from 10 us to 1 ms: connection setup takes milliseconds, and a tighter loop
-// would only take the core from NCCL's own proxy thread.
-void backoff(int* sleep_us) {
-  std::this_thread::sleep_for(std::chrono::microseconds(*sleep_us));
-  *sleep_us = std::min(*sleep_us * 2, 1000);
-}
-
 // Re-raises an Error with the operation it happened in prepended, keeping its code and call.
 [[noreturn]] void rethrow_with(const Error& e, const std::string& what, const char* file, int line) {
   throw Error(e.code(), what + ": " + e.message(), e.call(), file, line, e.ranks());
-}
-
-// Teardown paths must not throw: without the guard NCCL and the runtime still do their work (NCCL switches to
-// the communicator's device itself), only from whatever device the thread has.
-void guard_quietly(std::optional<cuda::DeviceGuard>* guard, int device) noexcept {
-  try {
-    guard->emplace(device);
-  } catch (...) {
-    guard->reset();
-  }
 }
 
 std::string seconds(double s) {
@@ -467,160 +455,6 @@ void NcclComm::group_end() {
       uw->issued_ = w->issued_;
       uw->state_.store(w->state(), std::memory_order_release);
     }
-  }
-}
-
-PollResult NcclComm::poll() {
-  PollResult out;
-  out.issued = issued();
-  out.usable = usable();
-  const auto now = Clock::now();
-  // The watchdog is a thread of its own: without a current device its first CUDA call would bind (and create)
-  // device 0's context, in every rank. Set before RelaxedCaptureMode, whose runtime call would do the same.
-  std::optional<cuda::DeviceGuard> guard;
-  try {
-    guard.emplace(device_);
-  } catch (const Error& e) {
-    out.async_error = ncclUnhandledCudaError;
-    out.async_text = e.message();
-    return out;
-  }
-  {
-    cuda::RelaxedCaptureMode relaxed;
-    std::lock_guard<std::mutex> lock(pend_mu_);
-    std::deque<Pending> still;
-    for (Pending& p : pending_) {
-      bool done = false;
-      try {
-        done = p.work->query();
-      } catch (const Error& e) {
-        // A failing event query means the context is broken (e.g. an illegal address in some kernel).
-        done = true;
-        if (out.async_error == ncclSuccess) {
-          out.async_error = ncclUnhandledCudaError;
-          out.async_text = e.message();
-        }
-      }
-      if (done) {
-        out.completed.push_back(p.work->seq());
-        continue;
-      }
-      if (!out.pending) {
-        out.pending = true;
-        out.oldest_seq = p.work->seq();
-        out.oldest_what = describe(p.work->desc(), p.work->seq());
-        out.oldest_age_s = std::chrono::duration<double>(now - p.work->issued_).count();
-      }
-      still.push_back(std::move(p));
-    }
-    pending_.swap(still);
-  }
-  std::lock_guard<std::mutex> lock(comm_mu_);
-  if (comm_ != nullptr && out.usable) {
-    ncclResult_t state = ncclSuccess;
-    if (lib_.fn.ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
-        state != ncclInProgress) {
-      out.async_error = state;
-      out.async_text = nccl_result_name(state);
-      const char* text = lib_.fn.ncclGetErrorString(state);
-      if (text != nullptr && text[0] != '\0') out.async_text += std::string(" (") + text + ")";
-      const char* last = lib_.fn.ncclGetLastError(comm_);
-      if (last != nullptr && last[0] != '\0') out.async_text += std::string("; NCCL's last error: ") + last;
-    }
-  }
-  return out;
-}
-
-void NcclComm::abort(const std::string& why) noexcept {
-  abort_requested_.store(true, std::memory_order_release);
-  try {
-    std::lock_guard<std::mutex> lock(call_mu_);
-    abort_locked(why);
-  } catch (...) {
-    // std::mutex::lock can only fail on a broken system; nothing sensible is left to do.
-  }
-}
-
-void NcclComm::abort_locked(const std::string& why) noexcept {
-  if (state_.load() == kOpen) {
-    reason_ = why;
-    state_.store(kAborted, std::memory_order_release);
-  }
-  if (group_.depth > 0) {
-    // NCCL's open group on the owning thread still refers to the communicator: abort once it ended.
-    deferred_abort_ = true;
-    return;
-  }
-  ncclComm_t c = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    std::swap(c, comm_);
-  }
-  if (c != nullptr) {
-    // On the communicator's device: NCCL saves and restores the caller's device around its teardown, which on
-    // the watchdog thread would otherwise be device 0 (a new context there).
-    std::optional<cuda::DeviceGuard> guard;
-    guard_quietly(&guard, device_);
-    // ncclCommAbort also ends kernels still waiting on peers, which unblocks Work.synchronize().
-    const ncclResult_t r = lib_.fn.ncclCommAbort(c);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      GPUCOLL_WARN("ncclCommAbort on rank ", rank_, " returned ", nccl_result_name(r));
-    }
-  }
-  std::lock_guard<std::mutex> lock(pend_mu_);
-  pending_.clear();
-}
-
-void NcclComm::close() noexcept {
-  try {
-    std::lock_guard<std::mutex> lock(call_mu_);
-    std::optional<cuda::DeviceGuard> guard;  // finalize, abort, cudaFree and the stream's destruction alike
-    guard_quietly(&guard, device_);
-    if (state_.load() == kOpen) {
-      reason_ = "close() was called";
-      state_.store(kClosed, std::memory_order_release);
-      ncclComm_t c = nullptr;
-      {
-        std::lock_guard<std::mutex> comm_lock(comm_mu_);
-        std::swap(c, comm_);
-      }
-      bool clean = false;
-      if (c != nullptr && group_.depth == 0) {
-        // Finalize waits for the issued operations (bounded by the timeout), then destroy frees the rest.
-        // On any failure the communicator is aborted instead, which never waits.
-        ncclResult_t r = lib_.fn.ncclCommFinalize(c);
-        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
-        int sleep_us = 10;
-        ncclResult_t state = r;
-        while (state == ncclInProgress && Clock::now() < deadline) {
-          backoff(&sleep_us);
-          if (lib_.fn.ncclCommGetAsyncError(c, &state) != ncclSuccess) state = ncclInternalError;
-        }
-        clean = state == ncclSuccess && lib_.fn.ncclCommDestroy(c) == ncclSuccess;
-        if (!clean) {
-          GPUCOLL_WARN("NCCL communicator of rank ", rank_, " did not finalize cleanly (", nccl_result_name(state),
-                       "); aborting it");
-        }
-      }
-      if (c != nullptr && !clean) lib_.fn.ncclCommAbort(c);
-    } else {
-      state_.store(kClosed, std::memory_order_release);
-    }
-    {
-      std::lock_guard<std::mutex> pend_lock(pend_mu_);
-      pending_.clear();
-    }
-    if (scratch_ != nullptr) {
-      if (cudaFree(scratch_) != cudaSuccess) cudaGetLastError();
-      scratch_ = nullptr;
-    }
-    if (internal_ != nullptr) {
-      // Destroying a stream with work queued is allowed: its resources are freed when the work completes.
-      if (cudaStreamDestroy(internal_) != cudaSuccess) cudaGetLastError();
-      internal_ = nullptr;
-    }
-  } catch (...) {
-    // Teardown never throws (a failed device switch or lock leaves the communicator to the process's exit).
   }
 }
 
