@@ -37,20 +37,10 @@ ALGORITHMS = ("all_reduce:oneshot", "all_reduce:twoshot", "all_reduce:ring", "al
 def problems(build=None, probe=None) -> list:
     """Why ``backend='custom'`` cannot run in this process ([] when it can); the arguments default to this
     process's state, tests pass fakes."""
-    from gpucoll import _C
+    from gpucoll import _C, _nccl_backend
 
-    build = dict(_C.build_info()) if build is None else build
-    probe = dict(_C.cuda_probe()) if probe is None else probe
-    out = []
-    if not build.get("cuda_built"):
-        out.append(_C.CUSTOM_BACKEND_UNBUILT_REASON)
-    if not probe.get("device_count"):
-        why = probe.get("reason") or "the CUDA driver reports no device"
-        out.append(f"no usable CUDA GPU: {why}. The custom backend runs its own CUDA kernels and needs an NVIDIA GPU "
-                   f"(check nvidia-smi and CUDA_VISIBLE_DEVICES); use backend='host' for CPU arrays")
-    elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
-        out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')}")
-    return out
+    return _nccl_backend.gpu_problems("the custom backend (gpucoll's own CUDA kernels)",
+                                      _C.CUSTOM_BACKEND_UNBUILT_REASON, build, probe)
 
 
 def takes_auto(world_size: int) -> bool:

@@ -42,22 +42,32 @@ def problems(build=None, probe=None, nccl=None) -> list:
     """
     from gpucoll import _C, _nccl
 
-    build = dict(_C.build_info()) if build is None else build
     probe = dict(_C.cuda_probe()) if probe is None else probe
-    out = []
-    if not build.get("cuda_built"):
-        out.append(_C.NCCL_BACKEND_UNBUILT_REASON)
-    if not probe.get("device_count"):
-        why = probe.get("reason") or "the CUDA driver reports no device"
-        out.append(f"no usable CUDA GPU: {why}. The nccl backend needs an NVIDIA GPU with its driver (check "
-                   f"nvidia-smi and CUDA_VISIBLE_DEVICES); use backend='host' for CPU arrays")
-    elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
-        out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')} "
-                   f"(update the driver, or rebuild gpucoll with the CUDA toolkit matching it)")
+    out = gpu_problems("the nccl backend", _C.NCCL_BACKEND_UNBUILT_REASON, build, probe)
     nccl = _nccl.load() if nccl is None else nccl
     if not nccl.get("loaded"):
         out.append(f"NCCL is not available: {nccl.get('reason') or 'not loaded'}. Install it: "
                    f"{_nccl.install_hint(probe.get('driver_version'))}")
+    return out
+
+
+def gpu_problems(backend: str, unbuilt_reason: str, build=None, probe=None) -> list:
+    """What keeps a GPU backend (`backend`, e.g. "the nccl backend") from running here, before its own needs: a
+    build without CUDA, no usable GPU, a CUDA runtime the driver cannot serve. One sentence each, saying the fix."""
+    from gpucoll import _C
+
+    build = dict(_C.build_info()) if build is None else build
+    probe = dict(_C.cuda_probe()) if probe is None else probe
+    out = []
+    if not build.get("cuda_built"):
+        out.append(unbuilt_reason)
+    if not probe.get("device_count"):
+        why = probe.get("reason") or "the CUDA driver reports no device"
+        out.append(f"no usable CUDA GPU: {why}. {backend[0].upper()}{backend[1:]} needs an NVIDIA GPU with its "
+                   f"driver (check nvidia-smi and CUDA_VISIBLE_DEVICES); use backend='host' for CPU arrays")
+    elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
+        out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')} "
+                   f"(update the driver, or rebuild gpucoll with the CUDA toolkit matching it)")
     return out
 
 
