@@ -12,10 +12,12 @@ step is mostly communication, which is what is compared. Variants, each its own 
 * ``gpucoll``: DDP on a ``new_group(backend="gpucoll")`` (what ``init_process_group("gpucoll")`` gives);
 * ``<ref>+hook``: DDP on torch's group with ``gpucoll.torch.allreduce_hook`` registered.
 
-Three more rows put the ratio in context: ``no comm`` (the same step on a plain model: the floor no backend can go
-below) and ``<ref> allreduce`` / ``gpucoll allreduce`` (only the all-reduces a step makes: the model's gradients
-in 25 MB buffers, in place). The step ratio is (floor + communication) / (floor + reference communication): on
-a machine where the floor dominates, it stays near 1 however fast the all-reduce is.
+More rows put the ratio in context: ``no comm`` (the same step on a plain model), ``DDP no comm`` (DDP with a hook
+that returns the bucket untouched: the step with DDP's own work, its bucket copies and autograd hooks, but an
+all-reduce that costs nothing; the floor no backend can go below) and ``<ref> allreduce`` / ``gpucoll allreduce``
+(only the all-reduces a step makes: the model's gradients in 25 MB buffers, in place). The step ratio is
+(floor + communication) / (floor + reference communication): on a machine where the floor dominates, it stays near
+1 however fast the all-reduce is; ``DDP no comm``'s ratio is the best any backend could reach.
 
 ``--bucket-view`` builds every DDP model with ``gradient_as_bucket_view=True`` (the gradients live in the buckets,
 which saves DDP's copy into and out of them each step, the same for every variant).
@@ -55,6 +57,14 @@ def _model(width: int, depth: int):
     return torch.nn.Sequential(*layers)
 
 
+def _no_comm_hook(_state, bucket):
+    import torch
+
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def _worker(rank, n, port, args, results):
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank),
@@ -74,13 +84,15 @@ def _worker(rank, n, port, args, results):
         device = torch.device("cuda", rank) if cuda else torch.device("cpu")
         ref = "nccl" if cuda else "gloo"
         dist.init_process_group(ref, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=600))
-        groups = {ref: None, "gpucoll": dist.new_group(backend="gpucoll"), f"{ref}+hook": None}
+        groups = {ref: None, "gpucoll": dist.new_group(backend="gpucoll"), f"{ref}+hook": None, "DDP no comm": None}
         models = {}
         for name, group in groups.items():
             ddp = DDP(_model(args.width, args.depth).to(device), process_group=group,
                       device_ids=[rank] if cuda else None, gradient_as_bucket_view=args.bucket_view)
             if name.endswith("+hook"):
                 ddp.register_comm_hook(None, gpucoll.torch.allreduce_hook)
+            elif name == "DDP no comm":
+                ddp.register_comm_hook(None, _no_comm_hook)
             models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-6))
         plain = _model(args.width, args.depth).to(device)
         g = torch.Generator(device=device).manual_seed(rank)
