@@ -105,6 +105,10 @@ class VirtualRanks:
         handles = self.streams if streams is None else [_cuda_buffers.stream_handle(s, self.device) for s in streams]
         if len(handles) != self.nranks:
             raise InvalidArgument(f"streams must hold {self.nranks} streams")
+        if len(set(handles)) != self.nranks:
+            # Two ranks on one stream: the second rank's kernel queues behind the first, which spins waiting for it.
+            raise InvalidArgument(f"streams must be {self.nranks} distinct streams (two ranks on one stream wait for "
+                                  f"each other forever); got handles {handles}")
         # Piece i of every rank before piece i + 1 of any: a rank's later piece queued ahead of a peer's earlier one
         # deadlocks where two ranks' streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS) or a launch
         # queue fills (see CustomComm::all_reduce).

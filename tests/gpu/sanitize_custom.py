@@ -12,6 +12,7 @@ float32 and bfloat16, sum and avg, an odd count, staged and registered inputs (i
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -42,11 +43,21 @@ def _case_fn(comm):
     return bad + int(not bool((y == 2).all()))
 
 
-def run_tool(tool: str) -> bool:
+def run_tool(tool: str, timeout: float) -> bool:
     cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all", "--error-exitcode", "97",
            sys.executable, __file__, "--case"]
     print("+", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800)
+    # Every call of the case runs on the custom kernels: without the NCCL fallback no NCCL communicator is set up
+    # (and instrumented) in the workers, which only costs time under the tool.
+    env = dict(os.environ, GPUCOLL_CUSTOM_NCCL_FALLBACK="0")
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        print(text(e.stdout)[-3000:] + text(e.stderr)[-3000:])
+        print(f"{tool}: FAILED (no result within {timeout:g} s)", flush=True)
+        return False
     out = proc.stdout + proc.stderr
     print(out[-6000:])
     summaries = re.findall(r"ERROR SUMMARY: (\d+) error", out) + re.findall(r"RACECHECK SUMMARY: (\d+) hazard", out)
@@ -59,6 +70,7 @@ def run_tool(tool: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tool", choices=("memcheck", "racecheck"), action="append")
+    parser.add_argument("--timeout", type=float, default=540.0, help="seconds per tool (default 540)")
     parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -70,7 +82,7 @@ def main() -> int:
     if shutil.which("compute-sanitizer") is None:
         print("compute-sanitizer is not on PATH", file=sys.stderr)
         return 2
-    results = [run_tool(t) for t in (args.tool or ["memcheck", "racecheck"])]
+    results = [run_tool(t, args.timeout) for t in (args.tool or ["memcheck", "racecheck"])]
     return 0 if all(results) else 1
 
 

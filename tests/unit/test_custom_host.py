@@ -252,10 +252,27 @@ def test_virtual_ranks_enqueue_piece_by_piece_across_ranks(monkeypatch):
     vr.nranks, vr.device, vr._closed = 3, 0, False
     vr.comms = [_FakeComm(r, log, npieces=2) for r in range(3)]
     vr._streams = []
-    monkeypatch.setattr(testing.VirtualRanks, "streams", property(lambda self: [0, 0, 0]))
+    monkeypatch.setattr(testing.VirtualRanks, "streams", property(lambda self: [10, 11, 12]))
     monkeypatch.setattr(vr, "_resolve_all", lambda xs, name, writable: [_FakeBuf(x) for x in xs])
     vr.all_reduce([1, 2, 3], algo="twoshot")
     assert log == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+
+
+def test_virtual_ranks_refuse_two_ranks_on_one_stream(monkeypatch):
+    # Rank 1's kernel would queue behind rank 0's, which spins until rank 1 arrives: a hang, so an error up front.
+    from gpucoll import testing
+
+    log = []
+    vr = object.__new__(testing.VirtualRanks)
+    vr.nranks, vr.device, vr._closed = 3, 0, False
+    vr.comms = [_FakeComm(r, log, npieces=1) for r in range(3)]
+    vr._streams = []
+    monkeypatch.setattr(vr, "_resolve_all", lambda xs, name, writable: [_FakeBuf(x) for x in xs])
+    with pytest.raises(InvalidArgument, match="3 distinct streams"):
+        vr.all_reduce([1, 2, 3], algo="oneshot", streams=[11, 12, 11])
+    assert log == []  # nothing was enqueued
+    vr.all_reduce([1, 2, 3], algo="oneshot", streams=[11, 12, 13])
+    assert log == [(0, 0), (1, 0), (2, 0)]
 
 
 class _TimedOutNative:

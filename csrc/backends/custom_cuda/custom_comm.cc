@@ -231,6 +231,8 @@ int CustomComm::max_blocks_for(Algo algo, DType dtype, RedOp op) const {
 }
 
 LaunchShape CustomComm::shape_for(Algo algo, size_t bytes, DType dtype, RedOp op) const {
+  // The occupancy query behind the residency cap runs on the current device: make it this communicator's.
+  DeviceGuard guard(device_);
   return gpucoll::custom::choose_launch_shape(algo, bytes, nranks_, sms_, max_blocks_for(algo, dtype, op));
 }
 
