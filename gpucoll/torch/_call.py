@@ -25,6 +25,21 @@ def _op_name(op) -> str:
     return str(name).upper()
 
 
+def _premul_factor(op):
+    """ReduceOp.PREMUL_SUM's scalar as a Python number, or None where torch does not tell it. torch 2.13 has the
+    ``factor`` property; torch 2.11 (the GPU machines') and older have only the pickled state, ``(op, factor)``."""
+    factor = getattr(op, "factor", None)
+    if factor is None:
+        try:
+            state = op.__getstate__()
+            factor = state[1] if isinstance(state, tuple) and len(state) == 2 else None
+        except (AttributeError, RuntimeError, TypeError):
+            return None
+    if isinstance(factor, torch.Tensor):
+        factor = factor.item()  # one element (torch checks); a CUDA factor syncs once here
+    return factor
+
+
 class _Call:
     """One operation in flight inside a method: its communicator, what it enqueued, what to copy back."""
 

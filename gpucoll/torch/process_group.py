@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
-from gpucoll.torch._call import _Call, _op_name, _seconds
+from gpucoll.torch._call import _Call, _op_name, _premul_factor, _seconds
 from gpucoll.torch._cpu_fallback import _cpu_backend_from_caller
 from gpucoll.torch._p2p import PointToPointMixin
 from gpucoll.torch._worker import Worker
@@ -74,6 +74,17 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND_NAME
+
+    # torch asks a group for its per-device backend: init_process_group(device_id=...) reads
+    # pg._get_backend(device_id).supports_splitting, new_group looks for a group to split from. This group serves
+    # cpu and cuda itself (it is not a set of C++ Backends), so it answers for both and declines splitting.
+    supports_splitting = False
+
+    def _get_backend(self, device):
+        kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
 
     def __repr__(self) -> str:
         return f"<gpucoll.torch.ProcessGroupGpucoll rank={self.rank()} size={self.size()}>"
@@ -172,11 +183,10 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
                               + (" and fp8 on CUDA" if _FP8 else "") + "; cast the tensor first")
         factor = None
         if gop == "premul_sum":
-            factor = getattr(op, "factor", None)
+            factor = _premul_factor(op)
             if factor is None:
-                raise Unsupported(f"{what}: this torch version does not expose ReduceOp.PREMUL_SUM's factor")
-            if isinstance(factor, torch.Tensor):
-                factor = factor.item()
+                raise Unsupported(f"{what}: this torch version ({torch.__version__}) does not expose "
+                                  f"ReduceOp.PREMUL_SUM's factor")
             if not t.is_floating_point():
                 raise Unsupported(f"{what}: ReduceOp.PREMUL_SUM needs a floating-point tensor; got {t.dtype}")
         return t.reshape(-1), gop, factor
@@ -485,13 +495,18 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch <= 2.12
 
     def barrier(self, opts=None):
-        if self._cpu_backend is not None and not any(k.startswith("cuda") for k in self._comms):
+        """On GPU `device_ids[0]` where torch names one (``dist.barrier(device_ids=[i])``, as NCCL does), else on a
+        CUDA communicator the group has (its GPU work is done first, as with NCCL's barrier), else on CPU."""
+        ids = list(getattr(opts, "device_ids", None) or ()) if opts is not None else []
+        if self._cpu_backend is not None and not ids and not any(k.startswith("cuda") for k in self._comms):
             return self._cpu_backend.barrier(opts if opts is not None else c10d.BarrierOptions())
         self._drain()
         if self._p2p:
             self._flush_p2p()
         cuda = [k for k in self._comms if k.startswith("cuda")]
-        if cuda:
+        if ids:
+            self.communicator(torch.device("cuda", int(ids[0]))).barrier()
+        elif cuda:
             self._comms[cuda[0]].barrier()
         else:
             self.communicator("cpu").barrier()

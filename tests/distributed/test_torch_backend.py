@@ -539,6 +539,42 @@ def test_old_torch_refused():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_premul_factor_without_the_factor_property():
+    """torch 2.11 (the GPU machines') has no ReduceOp.factor: the factor comes from the op's pickled state."""
+    from gpucoll.torch._call import _premul_factor
+
+    class Torch211Op:  # what 2.11's ReduceOp offers: op and __getstate__ (op, factor)
+        def __init__(self, op):
+            self.op, self._state = op.op, op.__getstate__()
+
+        def __getstate__(self):
+            return self._state
+
+    for factor, want in ((0.5, 0.5), (torch.tensor([0.25]), 0.25)):
+        op = dist._make_nccl_premul_sum(factor)
+        assert _premul_factor(op) == want and _premul_factor(Torch211Op(op)) == want
+
+
+def test_group_answers_torchs_backend_lookup():
+    """init_process_group(device_id=cuda:i) reads pg._get_backend(device_id).supports_splitting and new_group looks
+    for a split source: the gpucoll group answers for cpu and cuda itself and declines splitting."""
+    from torch.distributed.distributed_c10d import _get_split_source
+
+    from gpucoll.torch.process_group import ProcessGroupGpucoll
+
+    pg = ProcessGroupGpucoll(dist.HashStore(), 0, 1, timeout=10.0)
+    try:
+        for device in (torch.device("cuda", 0), torch.device("cuda"), torch.device("cpu"), "cuda:1"):
+            assert pg._get_backend(device) is pg
+        assert pg._get_backend(torch.device("cuda", 0)).supports_splitting is False
+        with pytest.raises(RuntimeError, match="No backend type associated with device type meta"):
+            pg._get_backend(torch.device("meta"))
+        pg.bound_device_id = torch.device("cuda", 0)
+        assert _get_split_source(pg) is None
+    finally:
+        pg.shutdown()
+
+
 # -- torchrun --------------------------------------------------------------------------------------------------
 
 TORCHRUN_SCRIPT = """

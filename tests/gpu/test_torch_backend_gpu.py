@@ -1,7 +1,8 @@
 """The torch.distributed backend "gpucoll" on CUDA tensors (every test is @pytest.mark.gpu: skipped where no GPU is
 usable). The CPU tests (tests/distributed/test_torch_backend.py, test_ddp.py) check the same operations against gloo
 on CPU tensors; here the inputs move to the GPU and run on gpucoll's NCCL backend, and the reference is gloo on the
-same values on CPU (exact: integer-valued inputs).
+same values on CPU (exact: integer-valued inputs), and, where torch's NCCL can run the ranks (one GPU each), NCCL on
+the same CUDA inputs too (AVG and PREMUL_SUM, which gloo lacks, are checked against the rule NCCL follows).
 
 Two ranks: on two GPUs, or sharing one with NCCL's multi-rank mode (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1;
 skipped with the reason otherwise).
@@ -56,28 +57,36 @@ def _ops_worker(rank, n):
     import torch
     import torch.distributed as dist
 
-    from gpucoll.errors import Unsupported
+    from gpucoll.errors import InvalidArgument, Unsupported
 
     dev = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     R = dist.ReduceOp
     gc = dist.new_group(backend="gpucoll")
+    # torch's NCCL needs a GPU per rank (it refuses two ranks on one GPU before NCCL 2.30)
+    gn = dist.new_group(backend="nccl") if dist.is_nccl_available() and torch.cuda.device_count() >= n else None
     failures = []
     seed = [0]
 
     def check(name, fn):
-        """fn(group, device) -> list of tensors: gpucoll on CUDA against gloo on CPU, same inputs."""
+        """fn(group, device) -> list of tensors: gpucoll on CUDA against gloo on CPU (and NCCL), same inputs."""
         seed[0] += 1
         try:
             got = [t.cpu() for t in fn(gc, dev)]
             torch.cuda.synchronize()
-            want = fn(dist.group.WORLD, torch.device("cpu"))
+            refs = [("gloo", fn(dist.group.WORLD, torch.device("cpu")))]
+            if gn is not None:
+                refs.append(("nccl", [t.cpu() for t in fn(gn, dev)]))
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__}: {e}")
             return
-        for i, (a, b) in enumerate(zip(got, want)):
-            if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
-                failures.append(f"{name}: output {i} differs: {a.flatten()[:6].tolist()} vs {b.flatten()[:6].tolist()}")
+        for ref, want in refs:
+            if len(got) != len(want):
+                failures.append(f"{name}: {len(got)} outputs, {ref} {len(want)}")
+            for i, (a, b) in enumerate(zip(got, want)):
+                if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+                    failures.append(f"{name}: output {i} differs from {ref}'s: {a.flatten()[:6].tolist()} vs "
+                                    f"{b.flatten()[:6].tolist()}")
 
     def inp(shape, dtype, device, op="SUM", r=None):
         return _vals(shape, dtype, rank if r is None else r, seed[0], op).to(device)
@@ -101,6 +110,17 @@ def _ops_worker(rank, n):
             x = sum(inp((64,), torch.float32, d, r=r) * 0.5 for r in range(n))
         return [x]
     check("all_reduce PREMUL_SUM", f)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.int64):
+        def f(g, d, dtype=dtype):
+            x = inp((5, 7), dtype, d)
+            if d.type == "cuda":
+                dist.all_reduce(x, op=R.AVG, group=g)
+            else:  # gloo has no AVG: the sum divided by n (integers truncate toward zero, as NCCL's AVG does)
+                dist.all_reduce(x, group=g)
+                x = x / n if x.is_floating_point() else torch.div(x, n, rounding_mode="trunc")
+            return [x]
+        check(f"all_reduce {dtype} AVG", f)
 
     def f(g, d):
         ts = [inp((3, 4), torch.int64, d), inp((5,), torch.int64, d)]
@@ -170,11 +190,36 @@ def _ops_worker(rank, n):
         failures.append("CUDA Work not completed after synchronize")
     dist.barrier(group=gc)
 
-    try:
-        dist.all_reduce(torch.ones(3, dtype=torch.int32, device=dev), op=R.BAND, group=gc)
-        failures.append("BAND on CUDA: no error")
-    except Unsupported:
-        pass
+    # bad input: gpucoll's typed error on every rank, before anything is enqueued; the group stays usable
+    bad = [
+        ("BAND", Unsupported,
+         lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32, device=dev), op=R.BAND, group=gc)),
+        ("bool all_reduce", Unsupported,
+         lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool, device=dev), group=gc)),
+        ("PREMUL_SUM on ints", Unsupported,
+         lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32, device=dev), op=dist._make_nccl_premul_sum(2.0),
+                                 group=gc)),
+        ("all_gather_into_tensor sizes", InvalidArgument,
+         lambda: dist.all_gather_into_tensor(torch.zeros(n * 3 + 1, device=dev), torch.ones(3, device=dev),
+                                             group=gc)),
+        ("reduce_scatter_tensor sizes", InvalidArgument,
+         lambda: dist.reduce_scatter_tensor(torch.zeros(3, device=dev), torch.ones(n * 3 - 1, device=dev),
+                                            group=gc)),
+        ("CPU outputs for a CUDA input", InvalidArgument,
+         lambda: dist.all_gather([torch.zeros(2) for _ in range(n)], torch.ones(2, device=dev), group=gc)),
+    ]
+    for name, exc, call in bad:
+        try:
+            call()
+            failures.append(f"bad input {name} on CUDA: no error")
+        except exc:
+            pass
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"bad input {name} on CUDA: {type(e).__name__} instead of {exc.__name__}: {e}")
+        x = torch.ones(4, dtype=torch.int64, device=dev)
+        dist.all_reduce(x, group=gc)
+        if x.tolist() != [n] * 4:
+            failures.append(f"after bad input {name}: all_reduce gave {x.tolist()}")
     return failures
 
 
@@ -196,7 +241,8 @@ def _ddp_worker(rank, n, mode):
     dev = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     if mode == "mixed":
-        dist.init_process_group("cpu:gloo,cuda:gpucoll")
+        # device_id= as torch's docs now advise: torch asks the cuda backend whether it splits (gpucoll: no)
+        dist.init_process_group("cpu:gloo,cuda:gpucoll", device_id=dev)
 
     def train(group=None, hook=None):
         torch.manual_seed(1234)
@@ -218,8 +264,24 @@ def _ddp_worker(rank, n, mode):
         out = {"gpucoll_default": train()}
         dist.destroy_process_group()
         return out
-    return {"gloo": train(), "gpucoll_group": train(group=dist.new_group(backend="gpucoll")),
-            "allreduce_hook": train(hook=gpucoll.torch.allreduce_hook)}
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    out = {"gloo": train(), "gpucoll_group": train(group=dist.new_group(backend="gpucoll")),
+           "allreduce_hook": train(hook=gpucoll.torch.allreduce_hook),
+           "fp16_gloo": train(hook=default_hooks.fp16_compress_hook),
+           "fp16_hook": train(hook=gpucoll.torch.fp16_compress_hook),
+           "bf16_gloo": train(hook=_torch_bf16_hook),
+           "bf16_hook": train(hook=gpucoll.torch.bf16_compress_hook)}
+    if dist.is_nccl_available() and torch.cuda.device_count() >= n:  # torch's NCCL: a GPU per rank
+        out["nccl"] = train(group=dist.new_group(backend="nccl"))
+    return out
+
+
+def _torch_bf16_hook(state, bucket):
+    """torch's bf16_compress_hook under another name (DDP checks the name against torch's CUDA/NCCL build)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.bf16_compress_hook(state, bucket)
 
 
 @pytest.mark.gpu
@@ -229,10 +291,14 @@ def test_ddp_on_cuda_matches_gloo():
     _skip_unless_ranks()
     res = torch_ranks.run(_ddp_worker, N_RANKS, "gloo", env=_env(), timeout=300)
     mixed = torch_ranks.run(_ddp_worker, N_RANKS, "mixed", backend=None, env=_env(), timeout=300)
+    pairs = [("gpucoll_group", "gloo"), ("allreduce_hook", "gloo"), ("gpucoll_default", "gloo"),
+             ("fp16_hook", "fp16_gloo"), ("bf16_hook", "bf16_gloo")]
+    if "nccl" in res[0]:
+        pairs += [("gpucoll_group", "nccl"), ("gpucoll_default", "nccl")]
     for r in range(N_RANKS):
         res[r].update(mixed[r])
-        for name in ("gpucoll_group", "allreduce_hook", "gpucoll_default"):
-            for i, (a, b) in enumerate(zip(res[r][name], res[r]["gloo"])):
-                assert torch.allclose(a, b, rtol=0, atol=1e-6), f"{name} rank {r} parameter {i}"
+        for name, ref in pairs:
+            for i, (a, b) in enumerate(zip(res[r][name], res[r][ref])):
+                assert torch.allclose(a, b, rtol=0, atol=1e-6), f"{name} vs {ref}: rank {r} parameter {i}"
             for a, b in zip(res[r][name], res[0][name]):
                 assert torch.equal(a, b), f"{name}: rank {r} differs from rank 0"
