@@ -245,13 +245,8 @@ def stream_handle(stream, device: int) -> int:
         if stream < 0:
             raise InvalidArgument(f"stream must be a non-negative cudaStream_t handle; got {stream}")
         return stream
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:  # the CUDA stream protocol: (version, handle)
-        value = proto() if callable(proto) else proto
-        try:
-            return int(value[1])
-        except (TypeError, IndexError, ValueError):
-            raise InvalidArgument(f"stream.__cuda_stream__ returned {value!r}; expected (version, handle)") from None
+    # torch's and CuPy's streams are recognised first: they also implement __cuda_stream__, which carries no
+    # device, and the device check below must still apply to them.
     mod = type(stream).__module__
     stream_device = None
     if (mod == "torch" or mod.startswith("torch.")) and hasattr(stream, "cuda_stream"):
@@ -260,6 +255,13 @@ def stream_handle(stream, device: int) -> int:
     elif (mod == "cupy" or mod.startswith("cupy.")) and hasattr(stream, "ptr"):
         handle = int(stream.ptr)
         stream_device = getattr(stream, "device_id", None)
+    elif getattr(stream, "__cuda_stream__", None) is not None:  # the CUDA stream protocol: (version, handle)
+        proto = stream.__cuda_stream__
+        value = proto() if callable(proto) else proto
+        try:
+            return int(value[1])
+        except (TypeError, IndexError, ValueError):
+            raise InvalidArgument(f"stream.__cuda_stream__ returned {value!r}; expected (version, handle)") from None
     else:
         raise InvalidArgument(f"stream must be a torch stream, a CuPy stream, an object with __cuda_stream__ or a "
                               f"cudaStream_t handle (int); got {_type_name(stream)}")

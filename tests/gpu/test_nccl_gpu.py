@@ -90,8 +90,8 @@ def reduce_ref(inputs, dtype: str, op) -> np.ndarray:
 
 
 def premul_for(dtype: str):
-    # Floats: 0.5 keeps integer inputs exact. Integers: -1 (1 for uint8) keeps them in range.
-    if dtype in helpers.FLOAT_DTYPES:
+    # Floats (fp8 too): 0.5 keeps integer inputs exact. Integers: -1 (1 for uint8) keeps them in range.
+    if dtype in helpers.FLOAT_DTYPES or dtype in FP8:
         return gpucoll.premul_sum(0.5)
     return gpucoll.premul_sum(1 if dtype == "uint8" else -1)
 
@@ -114,8 +114,6 @@ def run_collectives(comm, dtypes, ops, kind="torch") -> list:
     failures: list = []
     for dtype in dtypes:
         for op in ops:
-            if dtype in FP8 and not isinstance(op, str):
-                continue
             iop = input_op(op)
             inputs = [make(dtype, iop, W * N, q, W) for q in range(W)]
             want = reduce_ref(inputs, dtype, op)
@@ -191,7 +189,7 @@ def test_fp8_ws1(comm, dtype):
     why = fp8_usable()
     if why:
         pytest.skip(why)
-    failures = run_collectives(comm, [dtype], ["sum", "prod", "min", "max"])
+    failures = run_collectives(comm, [dtype], list(helpers.OPS) + [premul_for(dtype)])
     assert not failures, helpers.format_failures(failures)
 
 
@@ -202,6 +200,17 @@ def test_fp8_refused_on_old_nccl(comm):
         pytest.skip(f"the loaded NCCL ({nccl_version()}) has fp8; the gate is unit-tested with fake versions")
     with pytest.raises(Unsupported, match="NCCL >= 2.24"):
         comm.all_reduce(torch.zeros(8, dtype=torch.float8_e4m3fn, device=comm.device))
+
+
+def test_fp8_reduction_refused_below_sm90(comm):
+    import torch
+
+    if nccl_version() < _C.NCCL_FP8_VERSION or fp8_usable() is None:
+        pytest.skip("needs an NCCL with fp8 on a GPU below compute capability 9.0")
+    x = torch.ones(8, device=comm.device).to(torch.float8_e4m3fn)
+    with pytest.raises(Unsupported, match="compute capability 9.0"):
+        comm.all_reduce(x)
+    assert torch.equal(comm.all_gather(x).float(), torch.ones(8, device=comm.device))  # moving fp8 works, comm too
 
 
 def test_cupy_inputs_ws1(comm):
@@ -385,7 +394,7 @@ def test_bad_inputs(comm):
 
 
 def test_barrier_and_abort():
-    import torch
+    torch = pytest.importorskip("torch")
 
     c = gpucoll.init(0, 1, backend="nccl", address="127.0.0.1", port=free_port(), timeout=60.0)
     c.barrier()
@@ -397,6 +406,7 @@ def test_barrier_and_abort():
 # -- world size 2 --------------------------------------------------------------------------------------------------
 
 def ws2_available() -> str | None:
+    pytest.importorskip("torch")  # the workers use torch tensors
     count = int(_C.cuda_probe()["device_count"])
     if count >= 2:
         return None
@@ -413,10 +423,7 @@ def _ws2_worker(comm, kind):
         dtypes = list(helpers.DTYPES) + ([d for d in FP8] if fp8_usable() is None else [])
         failures = []
         for dtype in dtypes:
-            ops = list(helpers.OPS) + ([premul_for(dtype)] if dtype not in FP8 else [])
-            if dtype in FP8:
-                ops = ["sum", "prod", "min", "max"]
-            failures += run_collectives(comm, [dtype], ops)
+            failures += run_collectives(comm, [dtype], list(helpers.OPS) + [premul_for(dtype)])
         # send/recv, grouped both ways (would deadlock without the group)
         peer = 1 - comm.rank
         mine = torch.full((1000,), comm.rank + 1.0, device=comm.device)

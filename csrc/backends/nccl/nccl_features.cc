@@ -1,5 +1,6 @@
 #include "backends/nccl/nccl_features.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -42,6 +43,25 @@ size_t store_integer(double scalar, DType t, unsigned char out[8]) {
   return sizeof(T);
 }
 
+// `scalar` rounded to the nearest OCP fp8 value (ties to even, subnormals kept) with `mbits` mantissa bits, exponent
+// bias `bias` and largest finite magnitude `max_finite`. Out of range is an error, as for float16, not NCCL's
+// saturation. Matches torch's float -> float8 conversion wherever the value fits.
+uint8_t fp8_from_double(double scalar, int mbits, int bias, double max_finite, DType t) {
+  const uint8_t sign = std::signbit(scalar) ? 0x80 : 0x00;
+  const double a = std::fabs(scalar);
+  if (a == 0.0) return sign;
+  const int emin = 1 - bias;  // exponent of the smallest normal
+  const int e = std::max(std::ilogb(a), emin);
+  const double quantum = std::ldexp(1.0, e - mbits);  // spacing of fp8 values in a's binade (or the subnormals)
+  const double q = std::nearbyint(a / quantum);        // exact division by a power of two; ties to even
+  const double v = q * quantum;
+  if (v > max_finite) GPUCOLL_INVALID_ARG("premul_sum scalar ", scalar, " overflows ", dtype_name(t));
+  if (v < std::ldexp(1.0, emin)) return static_cast<uint8_t>(sign | static_cast<int>(q));  // subnormal
+  const int ev = std::ilogb(v);
+  const int mant = static_cast<int>(std::ldexp(v, mbits - ev)) - (1 << mbits);
+  return static_cast<uint8_t>(sign | ((ev + bias) << mbits) | mant);
+}
+
 }  // namespace
 
 size_t premul_scalar_bytes(DType t, double scalar, unsigned char out[8]) {
@@ -79,12 +99,14 @@ size_t premul_scalar_bytes(DType t, double scalar, unsigned char out[8]) {
       return store_integer<int32_t>(scalar, t, out);
     case DType::kI64:
       return store_integer<int64_t>(scalar, t, out);
-    case DType::kF8E4M3:
-    case DType::kF8E5M2:
-      break;
+    case DType::kF8E4M3:  // e4m3fn: bias 7, no infinities, 448 the largest finite value
+      out[0] = fp8_from_double(scalar, 3, 7, 448.0, t);
+      return 1;
+    case DType::kF8E5M2:  // bias 15, 57344 the largest finite value
+      out[0] = fp8_from_double(scalar, 2, 15, 57344.0, t);
+      return 1;
   }
-  GPUCOLL_THROW(ErrorCode::kUnsupported, "", "premul_sum on ", dtype_name(t),
-                " is not supported (gpucoll has no fp8 scalar rounding); scale in a wider dtype");
+  GPUCOLL_INVALID_ARG("unknown dtype id ", static_cast<int>(t));
 }
 
 }  // namespace gpucoll

@@ -29,8 +29,8 @@ bool nccl_multi_rank_gpu_supported(int version);
 
 // The bytes NCCL's ncclRedOpCreatePreMulSum reads for `scalar` in element type `t` (host-immediate
 // residence: a scalar of the reduction's own type), written to `out` (8 bytes; returns how many are used).
-// Throws InvalidArgument for a non-finite scalar, a fractional or out-of-range scalar for an integer type,
-// and Unsupported for fp8 (no host-side fp8 rounding is implemented).
+// Throws InvalidArgument for a non-finite scalar, a fractional or out-of-range scalar for an integer type, and
+// one that overflows a floating type (fp8 included: rounded to nearest even, never saturated).
 size_t premul_scalar_bytes(DType t, double scalar, unsigned char out[8]);
 
 }  // namespace gpucoll

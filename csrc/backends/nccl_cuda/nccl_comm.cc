@@ -104,6 +104,8 @@ NcclComm::NcclComm(const ncclUniqueId& id, int nranks, int rank, int device, dou
   GPUCOLL_CHECK_ARG(timeout_s > 0, "timeout must be positive; got ", timeout_s);
   // NCCL binds the communicator to the current device.
   cuda::DeviceGuard guard(device);
+  GPUCOLL_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, device));
+  GPUCOLL_CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, device));
   ncclConfig_t config = nccl_config_default();
   config.blocking = 0;
   ncclComm_t comm = nullptr;
@@ -215,10 +217,19 @@ void NcclComm::settle(ncclResult_t r, const char* call, const std::string& what)
     wait_ready(call, what);
     return;
   }
-  // Returned at once: an argument or usage error; the communicator itself is fine.
+  // Returned at once: an argument or usage error. NCCL also stores it as a non-blocking communicator's
+  // asynchronous error (ncclEnqueueCheck's failure path), after which every later call on the communicator fails
+  // with it: such a communicator is aborted here, so that later calls name this error instead of NCCL's echo.
   try {
     nccl_check(r, call, comm_, __FILE__, __LINE__);
   } catch (const Error& e) {
+    ncclResult_t state = ncclSuccess;
+    if (comm_ != nullptr && lib_.fn.ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+        state != ncclInProgress) {
+      abort_locked(what + ": " + e.message());
+      throw Error(e.code(), what + ": " + e.message() + "; NCCL keeps this error on the communicator: aborted",
+                  e.call(), __FILE__, __LINE__, e.ranks());
+    }
     rethrow_with(e, what, __FILE__, __LINE__);
   }
 }
@@ -309,6 +320,14 @@ std::shared_ptr<Work> NcclComm::collective(const CollArgs& a, cudaStream_t strea
   std::lock_guard<std::mutex> lock(call_mu_);
   check_usable(d.name);
   nccl_check_dtype(a.dtype, lib_.version);
+  // NCCL refuses fp8 reductions below sm_90 with ncclInvalidArgument, which would also poison the communicator
+  // (see settle); data movement in fp8 works on any GPU. Checked on this rank's GPU, NCCL checks every rank's.
+  if (dtype_is_fp8(a.dtype) && algo::coll_reduces(a.coll) && cc_major_ < 9) {
+    GPUCOLL_THROW(ErrorCode::kUnsupported, "", d.name, " on ", dtype_name(a.dtype),
+                  " needs a GPU of compute capability 9.0 or newer (NCCL reduces fp8 only there); cuda:", device_,
+                  " is ", cc_major_, ".", cc_minor_,
+                  ". all_gather, broadcast, all_to_all, gather, scatter and send/recv move fp8 on any GPU.");
+  }
   GPUCOLL_CHECK_ARG(!a.premul || algo::coll_reduces(a.coll), "premul_sum applies to all_reduce, reduce and "
                     "reduce_scatter; got it for ", d.name);
   GPUCOLL_CHECK_ARG(!algo::coll_is_rooted(a.coll) || (a.root >= 0 && a.root < nranks_), "root must be in [0, ", nranks_,

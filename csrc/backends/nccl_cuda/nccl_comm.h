@@ -204,6 +204,8 @@ class NcclComm {
   int rank_;
   int nranks_;
   int device_;
+  int cc_major_ = 0;  // device_'s compute capability
+  int cc_minor_ = 0;
   std::chrono::duration<double> timeout_;
   std::mutex call_mu_;  // held while an operation is enqueued
   std::mutex comm_mu_;  // guards comm_'s lifetime against poll()
@@ -211,8 +213,8 @@ class NcclComm {
   ncclComm_t comm_ = nullptr;
   std::atomic<int> state_{kOpen};
   std::atomic<bool> abort_requested_{false};
-  bool deferred_abort_ = false;
-  bool prefer_native_ = true;  // abort() came while a group was open (guarded by call_mu_)
+  bool deferred_abort_ = false;  // abort() came while a group was open (guarded by call_mu_)
+  bool prefer_native_ = true;
   std::string reason_;  // why unusable (set once, before state_ leaves kOpen)
   std::atomic<uint64_t> issued_{0};
   cudaStream_t internal_ = nullptr;
