@@ -1,10 +1,13 @@
 """gpucoll-bench --check: a quick health check of a machine (a CI runner, a new box).
 
-A short sweep (-b 1K -e 64K -f 4 -n 5 -w 1 -c 1) of every collective on every backend available here
-(available_backends(): host always; nccl and custom when gpucoll can run them on this machine's GPUs), all
-collectives in one set of ranks per backend. Ranks: --nranks, else 2 on the host; on nccl one per GPU, and on a
-machine with one GPU 2 ranks sharing it through NCCL's multi-rank mode where the loaded NCCL allows it (else 1);
-custom: 2 virtual ranks on GPU 0. One summary line per (backend, collective).
+A short sweep (-b 1K -e 64K -f 4 -n 5 -w 1 -c 1) of every collective, all collectives in one set of ranks per
+backend. Backends: --backend, else the GPU backends gpucoll can run here (nccl, custom), else (no GPU) the host
+backend, with a line saying that no GPU was checked and why; --require-gpu makes that case an error (exit 2), as
+a GPU runner whose GPU went missing must not pass. The host backend is not in the default on a GPU machine: one
+--min-busbw for CPU and GPU lines alike would mean nothing (add it with --backend host,nccl,custom).
+Ranks: --nranks, else 2 on the host; on nccl one per GPU, and on a machine with one GPU 2 ranks sharing it through
+NCCL's multi-rank mode where the loaded NCCL allows it (else 1); custom: 2 virtual ranks on GPU 0. One summary
+line per (backend, collective), and a last line that names the backends checked.
 
 Thresholds: --min-busbw GBS applies to every line; otherwise a tuning file (--tuning FILE, else
 GPUCOLL_TUNING_FILE; the JSON gpucoll-tune writes) may hold a "min_busbw" object, looked up most specific first:
@@ -27,18 +30,34 @@ from gpucoll.bench.harness import Params
 SWEEP = {"minbytes": 1 << 10, "maxbytes": 64 << 10, "stepfactor": 4, "iters": 5, "warmup_iters": 1, "check": 1}
 
 
-def available_backends() -> list[str]:
-    """The backends gpucoll-bench can run on this machine (cli.resolve_backend accepts them)."""
+def gpu_backend_problems() -> dict[str, str | None]:
+    """{"nccl": why not or None, "custom": ...}: whether cli.resolve_backend accepts each GPU backend here."""
     from gpucoll.bench.cli import UsageError, resolve_backend
 
-    out = ["host"]
+    out: dict[str, str | None] = {}
     for b in ("nccl", "custom"):
         try:
-            if resolve_backend(b) == b:
-                out.append(b)
-        except UsageError:
-            pass
+            out[b] = None if resolve_backend(b) == b else f"--backend {b} resolves to another backend"
+        except UsageError as e:
+            out[b] = str(e)
     return out
+
+
+def _no_gpu_reason(problems: dict) -> str:
+    """One line for "no GPU backend runs here": the CUDA probe's reason when there is no GPU at all, else each
+    backend's."""
+    from gpucoll import _C
+
+    probe = _C.cuda_probe()
+    if not probe.get("device_count"):
+        return f"no usable CUDA GPU ({probe.get('reason') or 'no device'})"
+    return "; ".join(f"{b}: {why.split('; use --backend')[0]}" for b, why in problems.items())
+
+
+def available_backends() -> list[str]:
+    """The default backends of --check: the GPU backends that can run here, else the host backend."""
+    gpu = [b for b, why in gpu_backend_problems().items() if why is None]
+    return gpu or ["host"]
 
 
 def load_thresholds(path: str | None) -> dict:
@@ -94,7 +113,10 @@ def _parse(argv: list[str]):
     ap = argparse.ArgumentParser(prog="gpucoll-bench --check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nranks", type=int, default=None)
-    ap.add_argument("--backend", default=None, help="comma list (default: every backend available here)")
+    ap.add_argument("--backend", default=None, help="comma list of host, nccl, custom (default: the GPU backends "
+                    "that can run here, else host)")
+    ap.add_argument("--require-gpu", action="store_true", help="exit status 2 unless a GPU backend is checked (for GPU "
+                    "runners: a missing or broken GPU must not pass as a host-only check)")
     ap.add_argument("--min-busbw", type=float, default=None, metavar="GBS")
     ap.add_argument("--tuning", default=None, metavar="FILE", help="tuning JSON with a min_busbw object (default: "
                     "GPUCOLL_TUNING_FILE)")
@@ -116,7 +138,7 @@ def _parse(argv: list[str]):
         args.table = load_thresholds(args.tuning)
     except ValueError as e:
         ap.error(str(e))
-    backends = available_backends()
+    args.no_gpu = None  # why no GPU backend is checked (when none is), said before the lines and in the summary
     if args.backend:
         from gpucoll.bench.cli import UsageError, resolve_backend
 
@@ -124,6 +146,20 @@ def _parse(argv: list[str]):
             backends = [resolve_backend(b.strip()) for b in args.backend.split(",") if b.strip()]
         except UsageError as e:
             ap.error(str(e))
+        if not backends:
+            ap.error("--backend: expected a comma list of host, nccl, custom")
+        if not {"nccl", "custom"} & set(backends):
+            args.no_gpu = f"--backend {args.backend} checks no GPU backend"
+    else:
+        problems = gpu_backend_problems()
+        backends = [b for b, why in problems.items() if why is None]
+        if not backends:
+            backends = ["host"]
+            args.no_gpu = _no_gpu_reason(problems)
+    if args.require_gpu and args.no_gpu:
+        ap.error(f"--require-gpu: {args.no_gpu}")
+    if args.no_gpu and not args.backend:
+        print(f"check: no GPU backend can run here, checking the host backend only: {args.no_gpu}")
     return args, names, list(dict.fromkeys(backends))
 
 
@@ -187,5 +223,6 @@ def check_main(argv: list[str]) -> int:
 
         plot_docs([(f"{d['environment']['backend']} {d['config']['collective']}", d) for d in docs], args.plot,
                   title="gpucoll-bench --check")
-    print(f"check: {'OK' if status == EXIT_OK else 'FAILED'} ({len(docs)} runs)")
+    checked = ", ".join(backends) + (" only: no GPU checked" if args.no_gpu else "")
+    print(f"check: {'OK' if status == EXIT_OK else 'FAILED'} ({len(docs)} runs; backends: {checked})")
     return status

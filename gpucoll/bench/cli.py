@@ -235,6 +235,19 @@ def check_backend(p: Params, nranks: int, requested: str) -> None:
                              lambda t: virtual.kernel_problem(colls.DTYPES[t].gpucoll, None))
         if colls.get(p.coll).reduces:
             p.ops = _runnable(p.ops, p.ops_all, "-o", where, p.notes, lambda o: virtual.kernel_problem("float32", o))
+        kernels: dict = {}  # kernel -> the first algorithm name that runs it (--algo all lists dbt and tree)
+
+        def algo_why(a: str) -> str | None:
+            why = virtual.algo_problem(a)
+            if why is None and p.algo_all and a != "auto":
+                from gpucoll import _C
+
+                kernel = _C.custom_algo_name(a)
+                if kernels.setdefault(kernel, a) != a:
+                    why = f"it runs the {kernel} kernel, as {kernels[kernel]} does"
+            return why
+
+        p.algos = _runnable(p.algos, p.algo_all, "--algo", where, p.notes, algo_why)
         return
     if any(a != "auto" for a in p.algos):
         p.notes.append(f"--backend nccl: NCCL picks its own algorithm, so --algo {','.join(p.algos)} runs as auto")
@@ -372,12 +385,22 @@ def check_world(p: Params, nranks: int) -> None:
 
 def _fit_memory(p: Params, local_ranks: int) -> None:
     """nccl-tests' "Reducing maxBytes due to memory limitation": each local rank holds two buffers of maxbytes,
-    the backend's staging and the check's temporaries; keep them within the available memory."""
+    the backend's staging and the check's temporaries; keep them within the available memory. On a GPU backend
+    each rank also holds two device twins of maxbytes on its GPU (ranks beyond the GPUs share one; virtual ranks
+    all sit on GPU 0): keep them within the smallest GPU, a tenth of it left to NCCL, the kernels' staging and
+    the CUDA context (a margin, not a measurement)."""
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return
     limit = max(0, avail - (1 << 30)) // (3 * max(1, local_ranks))
+    if p.backend in ("nccl", "custom"):
+        from gpucoll import _C
+
+        mems = [int(d.get("total_memory") or 0) for d in (_C.cuda_probe().get("devices") or [])]
+        if mems and min(mems) > 0:
+            per_gpu = local_ranks if p.backend == "custom" else -(-max(1, local_ranks) // len(mems))
+            limit = min(limit, int(min(mems) * 0.9) // (2 * max(1, per_gpu)))
     if p.maxbytes > limit:
         p.maxbytes = max(limit, 0)
         p.minbytes = min(p.minbytes, p.maxbytes)
@@ -510,6 +533,14 @@ def plan_backends(p: Params) -> list[tuple[str, Params]]:
         q = copy.deepcopy(p)
         q.backend = resolve_backend(asked, p.coll)
         q.backend_label = f"auto({q.backend})" if asked == "auto" else q.backend
+        if q.compare and (q.nranks is not None or launcher() is None):
+            # A peer that does not fit a later backend of the sweep (--compare gloo with host,nccl) is refused
+            # now, not after the earlier backends ran.
+            from gpucoll.bench import peers
+
+            why = peers.unavailable(peers.resolve(q.compare, q.backend)[0], q.coll, q.backend, q.nranks or 1)
+            if why:
+                raise UsageError(why)
         out.append((asked, q))
     return out
 

@@ -29,6 +29,7 @@ from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
 from gpucoll.errors import InvalidArgument
 
 AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
+PROGRESS_AFTER_S = 2.0  # the progress bar appears once a sweep has run this long: short runs stay quiet
 
 
 @dataclass
@@ -105,7 +106,9 @@ class _Rank:
         self.rank, self.n = comm.rank, comm.world_size
         self.coll = colls.get(p.coll)
         self.out = report.Printer(self.rank == 0 and not p.quiet)
-        self.bar = None  # tqdm progress bar, rank 0 only
+        self.bar = None  # tqdm progress bar, rank 0 only, once the sweep has run PROGRESS_AFTER_S
+        self._progress_from: float | None = None  # when the sweep started, if it may show a bar
+        self._rows_total = self._rows_done = 0
         self.rows: list[dict] = []
         self.errors_local = 0  # checks (size x placement) where this rank saw a wrong element
         self.wrong_local = 0  # wrong elements this rank saw, all checks together
@@ -284,6 +287,9 @@ class _Rank:
             self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
             row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters, coll.name)
             row["backend"] = self.comm.backend
+            # A sweep may run one backend twice (--backend nccl,auto where auto is nccl): the label keeps each run's
+            # rows apart in the merged JSON and the plot.
+            row["backend_label"] = p.backend_label or self.comm.backend
             oop = None
             for in_place in (False, True):
                 res = self.bench(dt, op, algo, counts, in_place)
@@ -296,8 +302,21 @@ class _Rank:
                 self.out.write(report.row_peer(peer["time"], peer["ratio"]))
             self.out.write("\n")
             self.rows.append(row)
-            if self.bar is not None:
-                self.bar.update(1)
+            self._tick()
+
+    def _tick(self) -> None:
+        """One row done: advance the bar, or start it once the sweep has run PROGRESS_AFTER_S. Started late rather
+        than with tqdm's delay: the table clears and redraws the bar around each row (report.Printer), and a
+        redraw would show a delayed bar at once."""
+        self._rows_done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self._progress_from is not None and time.monotonic() - self._progress_from >= PROGRESS_AFTER_S:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self._rows_total, initial=self._rows_done, file=sys.stderr, unit="row",
+                            leave=False, desc=self.coll.name)
+            self.out.bar = self.bar
 
     # -- the whole run ---------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -308,10 +327,9 @@ class _Rank:
         self.out.lines([f"# {note}\n" for note in p.notes])
         started = time.time()
         if p.progress and self.rank == 0:
-            from tqdm import tqdm
-
-            total = len(p.algos) * len(p.dtypes) * len(p.ops if self.coll.reduces else ["sum"]) * len(sizes(p))
-            self.bar = tqdm(total=total, file=sys.stderr, unit="row", leave=False, desc=self.coll.name)
+            self._rows_total = len(p.algos) * len(p.dtypes) * len(p.ops if self.coll.reduces else ["sum"]) \
+                * len(sizes(p))
+            self._progress_from = time.monotonic()
         for algo in p.algos:
             self.out.write(f"#\n# Algorithm: {algo}\n")
             self.out.lines(report.header_lines_peer(p.compare) if p.compare else report.header_lines())
@@ -326,6 +344,7 @@ class _Rank:
         per_algo = {a: (v[0] / v[1] if v[1] else 0.0) for a, v in self.bw_sum.items()}
         if self.bar is not None:
             self.bar.close()
+            self.out.bar = None
         self.out.lines(report.footer_lines(errors, avg_bw, p.program, per_algo, p.min_busbw))
         # Rank 0's document; the cli writes --json/--csv/--plot from it (one file for a sweep of backends).
         doc = self._json_doc(ranks, errors, avg_bw, per_algo, started) if self.rank == 0 else None
@@ -345,9 +364,10 @@ class _Rank:
                   "timeout": p.timeout}
         config["step_factor" if p.stepfactor > 1 else "step_bytes"] = p.stepfactor if p.stepfactor > 1 else p.stepbytes
         env = {"gpucoll_version": _version(), "hostname": socket.gethostname(), "nranks": self.n,
-               "backend": self.comm.backend, "launch": p.launch, "argv": p.argv, "python": sys.version.split()[0],
-               "numpy": np.__version__, "platform": platform.platform(), "cpu": _cpu_model(),
-               "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()), "build": dict(_C.build_info()),
+               "backend": self.comm.backend, "backend_label": p.backend_label or self.comm.backend, "launch": p.launch,
+               "argv": p.argv, "python": sys.version.split()[0], "numpy": np.__version__,
+               "platform": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+               "load_average": list(os.getloadavg()), "build": dict(_C.build_info()),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                "elapsed_s": round(time.time() - started, 3), "compare": p.compare, "info": _info()}
         return {"version": _version(), "program": p.program, "config": config, "environment": env,

@@ -12,10 +12,24 @@ import json
 import sys
 
 
-def _blocks(doc: dict, label: str = "") -> dict:
-    """(name) -> {"sizes", "busbw", "time", "peer_busbw", "peer_time", "peer"} for the rows of one run."""
+def _machine(doc: dict) -> str:
+    """The GPU model of a run on CUDA devices (its devices' "cuda:N NAME [backend]"), else the CPU model."""
+    for dev in doc.get("devices", []):
+        text = str(dev.get("device", ""))
+        if text.startswith("cuda:"):
+            return text.split(" ", 1)[-1].rsplit(" [", 1)[0]
+    return doc.get("environment", {}).get("cpu", "")
+
+
+def _collectives(doc: dict) -> set:
+    return {r.get("collective") or doc.get("config", {}).get("collective") for r in doc.get("results", [])}
+
+
+def _blocks(doc: dict, label: str = "", show_coll: bool = False) -> dict:
+    """(name) -> {"sizes", "busbw", "time", "peer_busbw", "peer_time", "peer"} for the rows of one run. Names
+    carry the collective when the run has several, or `show_coll` (the plot compares runs of different ones)."""
     backend = doc.get("environment", {}).get("backend", "")
-    colls = {r.get("collective") for r in doc.get("results", [])}
+    show_coll = show_coll or len(_collectives(doc)) > 1
     types = {(r.get("type"), r.get("redop")) for r in doc.get("results", [])}
     out: dict = {}
     for r in doc.get("results", []):
@@ -25,9 +39,10 @@ def _blocks(doc: dict, label: str = "") -> dict:
         if res.get("time") is None or not r.get("size"):
             continue
         parts = [label] if label else []
-        if len(colls) > 1:
-            parts.append(r.get("collective", ""))
-        b_name = r.get("backend") or backend  # rows of a backend sweep each name theirs
+        if show_coll:
+            parts.append(r.get("collective") or doc.get("config", {}).get("collective", ""))
+        # Rows of a backend sweep each name theirs; the label keeps two runs of one backend apart (nccl, auto(nccl)).
+        b_name = r.get("backend_label") or r.get("backend") or backend
         parts.append(f"{b_name}:{r.get('algo')}" if b_name else str(r.get("algo")))
         if len(types) > 1:
             parts.append(f"{r.get('type')}/{r.get('redop')}")
@@ -57,8 +72,9 @@ def plot_docs(docs: list[tuple[str, dict]], path: str | None = None, title: str 
     ax_bw, ax_t = fig.subplots(1, 2)
     n = 0
     drawn_peers = set()
+    show_coll = len(set().union(*(_collectives(doc) for _, doc in docs))) > 1 if docs else False
     for label, doc in docs:
-        for name, b in _blocks(doc, label).items():
+        for name, b in _blocks(doc, label, show_coll).items():
             color = f"C{n % 10}"
             n += 1
             ax_bw.plot(b["sizes"], [max(v, 1e-9) for v in b["busbw"]], "o-", color=color, label=name)
@@ -80,9 +96,16 @@ def plot_docs(docs: list[tuple[str, dict]], path: str | None = None, title: str 
         if ax.lines:
             ax.legend(fontsize="small")
     if title is None and docs:
-        env = docs[0][1].get("environment", {})
-        title = f"{docs[0][1].get('program', 'gpucoll-bench')} - {env.get('nranks', '?')} ranks on " \
-                f"{env.get('hostname', '?')} ({env.get('cpu', '')})"
+        # What the runs share: the program (collective), rank count and machine, each only when all runs agree.
+        envs = [doc.get("environment", {}) for _, doc in docs]
+        programs = {doc.get("program", "gpucoll-bench") for _, doc in docs}
+        title = programs.pop() if len(programs) == 1 else "gpucoll-bench"
+        if len({e.get("nranks") for e in envs}) == 1:
+            title += f" - {envs[0].get('nranks', '?')} ranks"
+        machines = {(e.get("hostname"), _machine(doc)) for e, (_, doc) in zip(envs, docs)}
+        if len(machines) == 1:
+            host, what = machines.pop()
+            title += f" on {host or '?'} ({what})"
     if title:
         fig.suptitle(title)
     if path:

@@ -99,17 +99,30 @@ def preamble_lines(program: str, version: str, params, nranks: int, backend: str
 
 
 class Printer:
-    """Writes table text on the printing rank only; every write is flushed (nccl-tests line-buffers stdout),
-    so a long run shows each row as soon as it is measured."""
+    """Writes table text on the printing rank only, a whole line at a time, flushed (nccl-tests' stdout is
+    line-buffered on a terminal), so a long run shows each row as soon as it is measured. With a progress bar
+    (`bar`, tqdm on stderr) on the same terminal, the bar is cleared before each line and redrawn after: a row
+    written next to it would land on the bar's line."""
 
     def __init__(self, enabled: bool, stream=None):
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stdout
+        self.bar = None
+        self._pending = ""
 
     def write(self, text: str) -> None:
-        if self.enabled:
-            self.stream.write(text)
-            self.stream.flush()
+        if not self.enabled:
+            return
+        self._pending += text
+        done, newline, self._pending = self._pending.rpartition("\n")
+        if not newline:
+            return
+        if self.bar is not None:
+            self.bar.clear()
+        self.stream.write(done + newline)
+        self.stream.flush()
+        if self.bar is not None:
+            self.bar.refresh()
 
     def lines(self, lines: Sequence[str]) -> None:
         self.write("".join(lines))
@@ -128,24 +141,30 @@ def json_result(time_us: float | None, algbw: float | None, busbw: float | None,
 
 def merge_docs(docs: list[dict]) -> dict:
     """One document for a sweep of backends (--backend a,b): the first run's config and environment, every run's
-    rows (each row names its backend), devices tagged with their backend, and the totals over the runs.
-    environment.backend is the comma-joined list; environment.backends and environments keep each run's."""
+    rows (each row names its backend and label), devices tagged with both, and the totals over the runs (keyed by
+    label). environment.backend is the comma-joined list; environment.backends, backend_labels and environments
+    keep each run's."""
     import copy
 
     out = copy.deepcopy(docs[0])
-    backends = [d.get("environment", {}).get("backend", "") for d in docs]
+    envs = [d.get("environment", {}) for d in docs]
+    backends = [e.get("backend", "") for e in envs]
+    # Keys by label ("auto(nccl)" next to "nccl"): two runs of one backend in a sweep must not overwrite each other.
+    labels = [e.get("backend_label") or b for e, b in zip(envs, backends)]
     out["environment"]["backend"] = ",".join(backends)
     out["environment"]["backends"] = backends
-    out["environments"] = [d.get("environment", {}) for d in docs]
+    out["environment"]["backend_labels"] = labels
+    out["environments"] = envs
     out["results"] = [r for d in docs for r in d.get("results", [])]
-    out["devices"] = [dict(dev, backend=b) for d, b in zip(docs, backends) for dev in d.get("devices", [])]
+    out["devices"] = [dict(dev, backend=b, backend_label=lb) for d, b, lb in zip(docs, backends, labels)
+                      for dev in d.get("devices", [])]
     errors = sum(d.get("out_of_bounds", {}).get("count", 0) for d in docs)
     out["out_of_bounds"] = {"count": errors, "okay": errors == 0}
     bws = [d.get("average_bus_bandwidth", {}) for d in docs]
-    per = {f"{b}:{a}": v for b, bw in zip(backends, bws) for a, v in bw.get("per_algo", {}).items()}
+    per = {f"{lb}:{a}": v for lb, bw in zip(labels, bws) for a, v in bw.get("per_algo", {}).items()}
     avg = sum(bw.get("bandwidth", 0.0) for bw in bws) / len(bws)
     oks = [bw.get("okay") for bw in bws]
-    out["average_bus_bandwidth"] = {"bandwidth": avg, "per_algo": per, "per_backend": dict(zip(backends, (
+    out["average_bus_bandwidth"] = {"bandwidth": avg, "per_algo": per, "per_backend": dict(zip(labels, (
         bw.get("bandwidth", 0.0) for bw in bws))), "min": bws[0].get("min"),
         "okay": "unchecked" if "unchecked" in oks else all(oks)}
     return out

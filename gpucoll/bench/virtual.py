@@ -72,6 +72,20 @@ def kernel_problem(dtype: str, op: str | None) -> str | None:
     return None if why["ok"] else why["reason"]
 
 
+def algo_problem(algo: str) -> str | None:
+    """Why gpucoll's own kernels have no algorithm `algo` (the host schedules have more: halving_doubling,
+    hierarchical, direct), or None."""
+    from gpucoll import _C
+
+    if algo == "auto":
+        return None
+    try:
+        _C.custom_algo_name(algo)
+    except InvalidArgument:
+        return "gpucoll's CUDA kernels implement oneshot, twoshot, ring and tree (dbt: tree)"
+    return None
+
+
 class _World:
     """The P virtual ranks' meeting point: exchange() returns once every rank deposited its value, with this
     rank's share of combine(values), run once by the last rank to arrive."""

@@ -265,3 +265,56 @@ def test_python_dash_m_entry_point():
                          check=False, capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     assert len(rows(res.stdout)) == 1 and "# Collective test concluded" in res.stdout
+
+
+# -- flags honoured, not only parsed ------------------------------------------------------------------------
+class _OtherRank:
+    """A 2-rank communicator whose other rank measured 3.0 s: what each -a mode makes of rank 0's 1.0 s."""
+
+    backend = "host"
+
+    def host_all_reduce(self, arr, op="sum"):
+        import numpy as np
+
+        other = np.full_like(arr, 3.0)
+        arr[...] = {"sum": arr + other, "min": np.minimum(arr, other), "max": np.maximum(arr, other)}[op]
+        return arr
+
+
+@pytest.mark.parametrize("average, shown", [(0, 1.0), (1, 2.0), (2, 1.0), (3, 3.0)])
+def test_average_mode_is_nccl_tests_allreduce_of_the_time(average, shown):
+    from types import SimpleNamespace
+
+    from gpucoll.bench import devmem, harness
+
+    rank = SimpleNamespace(p=Params(average=average), n=2, mem=devmem.HostMem(), comm=_OtherRank())
+    assert harness._Rank._time(rank, 1.0) == shown  # 0: this rank's own, 1: mean, 2: min, 3: max
+
+
+def test_warmup_iters_and_check_counts_are_the_calls_made(no_launcher):
+    import gpucoll
+    from gpucoll._spawn import free_port
+    from gpucoll.bench import harness
+
+    calls = []
+
+    class Counting:
+        def __init__(self, comm):
+            self._comm = comm
+
+        def __getattr__(self, name):
+            return getattr(self._comm, name)
+
+        def all_reduce(self, x, *args, **kwargs):
+            if x.size == 256:  # the row's buffers (1 KiB of float); the bookkeeping arrays are smaller
+                calls.append(x.size)
+            return self._comm.all_reduce(x, *args, **kwargs)
+
+    comm = gpucoll.init(0, 1, backend="host", address="127.0.0.1", port=free_port(), timeout=60)
+    try:
+        res = harness.run_rank(Counting(comm), Params(minbytes=1024, maxbytes=1024, iters=7, warmup_iters=3, check=2,
+                                                      quiet=True))
+    finally:
+        comm.close()
+    assert len(calls) == 2 * (3 + 7 + 2)  # out of place, then in place: -w warmup + -n timed + -c checked calls
+    assert res["rows"][0]["actual_iterations"] == 7 and res["rows"][0]["in_place"]["nwrong"] == 0

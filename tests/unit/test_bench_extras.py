@@ -117,3 +117,84 @@ def test_check(tmp_path, capsys):
     assert cli.main(["--check", "--colls", "all_reduce", "--min-busbw", "1e9"]) == 1
     assert "FAIL" in capsys.readouterr().out
     assert cli.main(["--check", "--colls", "all_reduce", "--inject-error"]) == 1
+
+
+class _Bar:
+    def __init__(self, events):
+        self.events = events
+
+    def clear(self):
+        self.events.append("clear")
+
+    def refresh(self):
+        self.events.append("refresh")
+
+
+def test_rows_are_written_whole_around_the_progress_bar():
+    """A row goes out in one piece, with the bar cleared before and redrawn after: written in pieces next to a bar
+    on the same terminal, the row would land on the bar's line."""
+    events, out = [], io.StringIO()
+    printer = report.Printer(True, out)
+    printer.bar = _Bar(events)
+    printer.write(report.row_preamble(8, 2, "float", "sum", -1))
+    printer.write(report.row_body(1.0, 0.0, 0.0, 0))
+    assert out.getvalue() == "" and events == []
+    printer.write(report.row_body(1.0, 0.0, 0.0, 0) + "\n")
+    assert out.getvalue().count("\n") == 1 and events == ["clear", "refresh"]
+    printer.lines(["# a\n", "# b\n"])
+    assert out.getvalue().endswith("# a\n# b\n") and events == ["clear", "refresh"] * 2
+
+
+def test_progress_bar_starts_only_after_a_few_seconds(monkeypatch, capsys):
+    import sys
+    import types
+
+    from gpucoll.bench import harness
+
+    made = []
+
+    class FakeTqdm(_Bar):
+        def __init__(self, total, initial, **kwargs):
+            super().__init__([])
+            made.append(self)
+            self.total, self.n = total, initial
+
+        def update(self, k):
+            self.n += k
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeTqdm))
+    argv = ["all_reduce", "-b", "8", "-e", "64", "-f", "2", "-n", "1", "-w", "0"]
+    monkeypatch.setattr(cli, "want_progress", lambda p, stream=None: True)
+    assert cli.main(argv) == 0
+    assert made == []  # a sweep shorter than PROGRESS_AFTER_S: no bar at all
+    monkeypatch.setattr(harness, "PROGRESS_AFTER_S", 0.0)
+    assert cli.main(argv) == 0
+    assert len(made) == 1 and made[0].total == 4 and made[0].n == 4 and made[0].closed
+    assert len(made[0].events) >= 3  # the rows after the bar started were written around it
+    capsys.readouterr()
+
+
+def test_check_without_a_gpu_says_what_it_checked(capsys):
+    from gpucoll import _C
+
+    if int(_C.cuda_probe().get("device_count") or 0):
+        pytest.skip("checks what --check says on a machine without a GPU")
+    assert cli.main(["--check", "--colls", "all_reduce"]) == 0
+    out = capsys.readouterr().out
+    assert "no GPU backend can run here" in out and "no usable CUDA GPU" in out
+    assert out.rstrip().endswith("backends: host only: no GPU checked)")
+    # A GPU runner whose GPU went missing must fail, not pass as a host-only check.
+    assert cli.main(["--check", "--require-gpu", "--colls", "all_reduce"]) == cli.EXIT_USAGE
+    cap = capsys.readouterr()
+    assert cap.out == "" and "--require-gpu: no usable CUDA GPU" in cap.err
+
+
+def test_compare_that_does_not_fit_a_later_backend_is_refused_before_any_run(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "resolve_backend", lambda b, coll=None: b if b != "auto" else "host")
+    argv = ["all_reduce", "-b", "8", "-e", "8", "-n", "1", "--backend", "host,nccl", "--compare", "gloo"]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    cap = capsys.readouterr()
+    assert cap.out == "" and "--compare gloo compares with gpucoll's host backend only" in cap.err

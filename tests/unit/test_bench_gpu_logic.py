@@ -168,12 +168,26 @@ def test_custom_skips_what_all_includes_without_kernels(fake_vr, capsys):
     assert {r[3] for r in got} == {"sum", "max", "min", "avg"} and all(r[8] == "0" for r in got)
 
 
+def test_custom_algorithms_are_the_kernels_ones(fake_vr, capsys):
+    """The host schedules have algorithms gpucoll's kernels lack: named, refused before any rank starts; from --algo
+    all, skipped, and dbt (the tree kernel under another name) runs once, as tree."""
+    base = ["all_reduce", *TINY, "--backend", "custom", "--nranks", "2"]
+    assert cli.main([*base, "--algo", "ring,halving_doubling"]) == cli.EXIT_USAGE
+    assert "--algo halving_doubling cannot run on --backend custom" in capsys.readouterr().err
+    assert not fake_vr.instances
+    assert cli.main([*base, "--algo", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped halving_doubling, hierarchical, dbt" in out
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("# Algorithm: ")] == [
+        "ring", "tree", "oneshot", "twoshot"]
+
+
 def test_check_on_virtual_ranks_skips_what_they_cannot_run(fake_vr, monkeypatch, capsys):
     monkeypatch.setattr(cli, "resolve_backend", lambda b, coll=None: b)
     assert cli.main(["--check", "--backend", "custom", "--colls", "all_reduce,broadcast,sendrecv"]) == cli.EXIT_OK
     out = capsys.readouterr().out
     assert "all_reduce      OK" in out and "broadcast       SKIP" in out and "sendrecv        SKIP" in out
-    assert "check: OK (1 runs)" in out
+    assert "check: OK (1 runs; backends: custom)" in out
 
 
 def test_runnable_rule():
@@ -235,3 +249,15 @@ def test_peer_rank_that_dies_fails_fast():
     with pytest.raises(RuntimeError, match="rank 1 exited with code 7"):
         peers.run_local_ranks(_dies, 2, (), timeout=120.0, what="--compare (test)")
     assert time.monotonic() - t0 < 60
+
+
+def test_max_bytes_fit_the_gpu(monkeypatch):
+    """nccl-tests' "Reducing maxBytes": two device twins per rank must fit the smallest GPU, ranks sharing it."""
+    from gpucoll import _C
+
+    gpu = 8 << 30
+    monkeypatch.setattr(_C, "cuda_probe", lambda: {"device_count": 2, "devices": [{"total_memory": gpu}] * 2})
+    for backend, ranks, per_gpu in (("nccl", 2, 1), ("nccl", 4, 2), ("custom", 4, 4)):
+        p = harness.Params(backend=backend, minbytes=8, maxbytes=1 << 40)
+        cli._fit_memory(p, ranks)
+        assert p.maxbytes <= int(gpu * 0.9) // (2 * per_gpu) and "due to memory limitation" in p.notes[-1]

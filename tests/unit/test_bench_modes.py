@@ -73,9 +73,16 @@ def test_backend_sweep_blocks_json_and_plot(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["environment"]["backends"] == ["host", "host"] and len(doc["environments"]) == 2
     assert len(doc["results"]) == 8 and {r["backend"] for r in doc["results"]} == {"host"}
-    assert set(doc["average_bus_bandwidth"]["per_algo"]) == {"host:ring", "host:auto"}
+    # The same backend twice (auto resolved to host) stays two runs: labels keep them apart everywhere.
+    assert doc["environment"]["backend_labels"] == ["host", "auto(host)"]
+    assert [r["backend_label"] for r in doc["results"]] == ["host"] * 4 + ["auto(host)"] * 4
+    per = doc["average_bus_bandwidth"]["per_algo"]
+    assert set(per) == {"host:ring", "host:auto", "auto(host):ring", "auto(host):auto"}
+    assert set(doc["average_bus_bandwidth"]["per_backend"]) == {"host", "auto(host)"}
     assert doc["out_of_bounds"] == {"count": 0, "okay": True}
-    assert len(plot.plot_docs([("", doc)]).axes[0].lines) == 2  # host:ring, host:auto (same backend twice)
+    lines = plot.plot_docs([("", doc)]).axes[0].lines
+    assert sorted(ln.get_label() for ln in lines) == ["auto(host):auto", "auto(host):ring", "host:auto", "host:ring"]
+    assert all(len(ln.get_xdata()) == 2 for ln in lines)  # each line one run's 2 sizes, not two runs interleaved
 
 
 def test_sweep_plumbing_with_a_fake_gpu_backend(monkeypatch, capsys, tmp_path):
