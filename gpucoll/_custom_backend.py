@@ -133,6 +133,9 @@ class CustomBackend:
         self._sum = _C.RedOp.sum
         self._logged: set = set()
         self._exchanges = 0
+        # Registered buffers stay alive as long as the communicator: registration is keyed by address, so a freed
+        # buffer whose address the allocator hands out again would be read by peers as if it were still registered.
+        self._registered = []
         self._closed = False
         self._broken = False
         self.stats = {"custom": 0, "nccl": 0}
@@ -267,6 +270,7 @@ class CustomBackend:
         if len(sizes) != 1:
             raise InvalidArgument(f"register needs a buffer of the same size on every rank; got sizes {sorted(sizes)}")
         self._native.register_ipc(buf.ptr, buf.nbytes, [(bytes.fromhex(h), off) for h, off, _ in rows])
+        self._registered.append(buf.obj)
 
     def register_graph_buffers(self) -> int:
         """Collective: register the inputs first seen during graph capture; returns how many."""
@@ -310,6 +314,7 @@ class CustomBackend:
         except Exception as e:  # noqa: BLE001 - teardown never raises; a dead peer cannot read anything anyway
             _log.debug(f"custom backend close: {e}")
         self._native.close()
+        self._registered.clear()
         if self._nccl is not None:
             self._nccl.close()
 

@@ -321,7 +321,8 @@ class Communicator:
 
     def register(self, x) -> None:
         """Register `x` once (collective: every rank, same order, same size) so that allreduces whose input is
-        exactly `x` read every rank's copy in place instead of staging it (backend='custom')."""
+        exactly `x` read every rank's copy in place instead of staging it (backend='custom'). The communicator holds
+        `x` until it closes (registration is by address: a freed buffer's address may be handed out again)."""
         impl = self._custom("register")
         impl.register(self._resolve(x, "x"))
 

@@ -61,6 +61,7 @@ class VirtualRanks:
             self.close()
             raise
         self._graph = None
+        self._registered = []
 
     @property
     def streams(self) -> list:
@@ -127,6 +128,8 @@ class VirtualRanks:
         ptrs = [b.ptr for b in bufs]
         for r, c in enumerate(self.comms):
             c.register_local(ptrs[r], bufs[r].nbytes, ptrs)
+        # Kept alive with the ranks: registration is by address, and a freed array's address can come back.
+        self._registered.extend(b.obj for b in bufs)
 
     @contextlib.contextmanager
     def graph_capture(self):
@@ -176,6 +179,7 @@ class VirtualRanks:
             c.close()
         self._streams = []
         self.comms = []
+        self._registered = []
 
     def __enter__(self):
         return self

@@ -102,7 +102,7 @@ void CustomComm::connect_ipc(const std::vector<std::string>& handles, int min_sm
     p2p_row_[q] = probe_peer(static_cast<Signals*>(sigs_.ptr[q]), q) ? 1 : 0;
   }
   if (min_sms > 0) sms_ = std::min(sms_, min_sms);
-  GPUCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(PeerTable) * kMaxRegistered));
+  alloc_table();
   co_resident_ = 1;  // one rank per process: ranks sharing a GPU time-slice (correctness only), see testing.py
   connected_ = true;
 }
@@ -127,7 +127,7 @@ void CustomComm::connect_local(const std::vector<CustomComm*>& comms) {
   gpucoll::custom::check_residency(nranks_, 1, sms_, cached_blocks_per_sm(Algo::kRing, DType::kF64, RedOp::kAvg, device_));
   p2p_row_.assign(nranks_, 0);
   for (int q = 0; q < nranks_; ++q) p2p_row_[q] = probe_peer(static_cast<Signals*>(sigs_.ptr[q]), q) ? 1 : 0;
-  GPUCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(PeerTable) * kMaxRegistered));
+  alloc_table();
   co_resident_ = nranks_;
   connected_ = true;
 }
@@ -135,6 +135,13 @@ void CustomComm::connect_local(const std::vector<CustomComm*>& comms) {
 ExportedRange CustomComm::export_buffer(uintptr_t ptr) const {
   DeviceGuard guard(device_);
   return export_range(reinterpret_cast<const void*>(ptr));
+}
+
+void CustomComm::alloc_table() {
+  GPUCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(PeerTable) * kMaxRegistered));
+  // Zeroed: a graph replayed before register_graph_buffers() filled its slot meets null pointers (a fault that
+  // names itself) rather than whatever the allocation held, which may map to live memory and read wrong data.
+  GPUCOLL_CUDA_CHECK(cudaMemset(table_, 0, sizeof(PeerTable) * kMaxRegistered));
 }
 
 int CustomComm::take_slot() {

@@ -98,6 +98,7 @@ class CustomComm {
     size_t bytes;
   };
   int max_blocks_for(Algo algo, DType dtype, RedOp op) const;
+  void alloc_table();
   int take_slot();
   void fill_slot(int slot, const PeerTable& t);
   const PeerTable* slot_ptr(int slot) const { return table_ + slot; }
