@@ -27,7 +27,8 @@ def _rows(doc: dict):
         for place in ("out_of_place", "in_place"):
             res = r.get(place) or {}
             if res.get("time") is not None and r.get("size"):
-                yield backend, r.get("algo", ""), r.get("collective") or doc.get("config", {}).get("collective", ""), \
+                # a row names its backend (a merged --backend a,b sweep joins the names in environment.backend)
+                yield r.get("backend") or backend, r.get("algo", ""), r.get("collective") or doc.get("config", {}).get("collective", ""), \
                     nranks, int(r["size"]), float(res["time"]) * 1e-6
 
 

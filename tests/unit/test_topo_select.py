@@ -202,6 +202,20 @@ def test_tune_nccl_auto_rows_and_fit_table(tmp_path, capsys):
     assert c["model"].startswith("tuned nccl:ring@NVL")
 
 
+def test_tune_reads_each_rows_backend_in_a_merged_sweep(tmp_path):
+    """A --backend host,nccl document joins the names in environment.backend; each row names its own."""
+    from gpucoll import tune
+
+    host = _bench_doc("host", "ring", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
+    nccl = _bench_doc("nccl", "auto", "all_reduce", 4, 5e-6, 1 / 300e9)
+    merged = {"config": host["config"], "environment": {"backend": "host,nccl", "nranks": 4},
+              "results": [dict(r, backend="host") for r in host["results"]]
+              + [dict(r, backend="nccl") for r in nccl["results"]]}
+    fits = tune.fit([merged], link_class="NVL")["fits"]
+    assert fits["host:ring@NVL"]["b_s_per_byte"] == pytest.approx(1 / 5e9, rel=1e-3)
+    assert fits["nccl:ring@NVL"]["b_s_per_byte"] == pytest.approx(1 / 300e9, rel=1e-3)
+
+
 def test_host_candidate_honours_host_fits():
     t = load("pcie_2x_nvsmi.txt")
     tuning = json.dumps({"fits": {"host:ring@SHM": {"a_s": 1e-9, "b_s_per_byte": 1e-15, "source": "test"}}})
