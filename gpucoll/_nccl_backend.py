@@ -507,7 +507,7 @@ def _watchdog_main(ref, stop: threading.Event, interval: float) -> None:
 def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
     """This rank's NCCL communicator: rank 0 makes the unique id and publishes it through `store`; every rank
     creates its communicator non-blocking, with `timeout` covering the init."""
-    from gpucoll import _C, _nccl
+    from gpucoll import _C, _nccl, config
 
     check_usable()
     probe = _C.cuda_probe()
@@ -533,6 +533,22 @@ def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
             _log.debug(f"could not read who joined the NCCL init: {store_error}")
         extra = f"; ranks that never started it: {missing}" if missing else ""
         raise CollectiveTimeout(e.message + extra, call=e.call, location=e.location, ranks=missing) from None
+    if config.get_bool("GPUCOLL_NCCL_BLOCKING_OPS") and launch.world_size > 1:
+        _split_blocking(comm, launch, store, prefix, timeout)
     _log.debug(f"NCCL communicator: rank {launch.rank}/{launch.world_size} on cuda:{dev}")
     return NcclBackend(comm, rank=launch.rank, world_size=launch.world_size, device=dev, store=store, prefix=prefix,
                        timeout=timeout)
+
+
+def _split_blocking(comm, launch, store, prefix: str, timeout: float) -> None:
+    """GPUCOLL_NCCL_BLOCKING_OPS: operations on a blocking communicator split off the non-blocking one.
+
+    The split is polled under the timeout like init; it starts once every rank finished its init (a store barrier
+    under the same timeout), so that a rank that never got there is named rather than waited for inside NCCL."""
+    try:
+        store.barrier(f"{prefix}ready", launch.world_size, timeout=timeout, rank=launch.rank)
+    except CollectiveTimeout as e:
+        comm.abort("a rank did not finish NCCL init")
+        raise CollectiveTimeout(f"NCCL init (GPUCOLL_NCCL_BLOCKING_OPS=1, before the blocking split): {e.message}",
+                                call="ncclCommSplit", ranks=e.ranks) from None
+    comm.split_blocking()

@@ -20,6 +20,10 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_NCCL_WATCHDOG_MS", VarType::kInt, "100",
        "How often (milliseconds) the NCCL backend's watchdog checks for timed-out collectives and asynchronous "
        "NCCL errors; ranks publish their progress to the store at most every max(this, 500 ms)."},
+      {"GPUCOLL_NCCL_BLOCKING_OPS", VarType::kBool, "0",
+       "1: after its non-blocking init (bounded by the timeout), the NCCL backend splits a blocking communicator "
+       "off it for operations. NCCL >= 2.23 runs each operation of a non-blocking communicator through a thread "
+       "it starts per call; a blocking one launches on the caller's thread. Off until measured on a GPU."},
       {"GPUCOLL_BACKEND", VarType::kString, "",
        "Backend when gpucoll.init(backend='auto'): host, nccl or custom. Empty: GPU backends when a GPU is "
        "usable, else host."},

@@ -124,6 +124,8 @@ void bind_comm(py::module_& m) {
            })
       .def("abort", &NcclComm::abort, py::arg("why"), py::call_guard<py::gil_scoped_release>())
       .def("close", &NcclComm::close, py::call_guard<py::gil_scoped_release>())
+      .def("split_blocking", &NcclComm::split_blocking, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("blocking", &NcclComm::blocking)
       .def("reason", &NcclComm::reason, py::call_guard<py::gil_scoped_release>())
       .def("scratch", &NcclComm::scratch, py::call_guard<py::gil_scoped_release>())
       .def("native", [](const NcclComm& c, int coll) { return c.native(static_cast<algo::Coll>(coll)); })

@@ -457,6 +457,15 @@ def _ws2_worker(comm, kind):
         torch.cuda.synchronize()
         # After 100 replays x = rank + 100; the last replay reduced rank + 99 on each rank.
         return [] if torch.all(y == (0 + 99) + (1 + 99)) else [f"graph: y[0]={float(y[0])}"]
+    if kind == "blocking":
+        # GPUCOLL_NCCL_BLOCKING_OPS=1: the operations run on a blocking communicator split off the init's
+        failures = [] if comm._impl.native.blocking else ["the communicator is not blocking"]
+        failures += run_collectives(comm, ["float32", "bfloat16", "int32"], list(helpers.OPS))
+        failures += _ws2_worker(comm, "graph")
+        x = torch.ones(1 << 20, device=comm.device)
+        work = comm.all_reduce(x, async_op=True)
+        work.synchronize()
+        return failures + ([] if torch.all(x == 2.0) else ["async all_reduce on the blocking communicator"])
     if kind == "missing":
         # Rank 1 never joins the collective: rank 0's watchdog must abort and name rank 1.
         if comm.rank == 1:
@@ -477,11 +486,13 @@ def _ws2_worker(comm, kind):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["torch", "fallback", "graph"])
-def test_ws2(kind):
+@pytest.mark.parametrize("kind", ["torch", "fallback", "graph", "blocking"])
+def test_ws2(kind, monkeypatch):
     why = ws2_available()
     if why:
         pytest.skip(why)
+    if kind == "blocking":
+        monkeypatch.setenv("GPUCOLL_NCCL_BLOCKING_OPS", "1")  # the spawned ranks inherit it
     results = gpucoll.spawn(_ws2_worker, 2, args=(kind,), backend="nccl", timeout=300.0)
     failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
     assert not failures, helpers.format_failures(failures)

@@ -154,7 +154,7 @@ def test_fake_library_with_every_required_symbol_loads_and_reports_optional(tmp_
     assert state["loaded"] is True, state["reason"]
     assert state["version"] == 21903 and state["version_string"] == "2.19.3"
     assert state["source"] == "GPUCOLL_NCCL_LIBRARY"
-    assert sorted(state["missing_optional"]) == ["ncclAlltoAll", "ncclGather", "ncclScatter"]
+    assert sorted(state["missing_optional"]) == ["ncclAlltoAll", "ncclCommSplit", "ncclGather", "ncclScatter"]
 
 
 def test_nothing_found_is_a_state_not_an_error(tmp_path):

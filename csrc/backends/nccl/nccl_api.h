@@ -172,6 +172,8 @@ using PFN_ncclCommInitRank = ncclResult_t (*)(ncclComm_t* comm, int nranks, nccl
 using PFN_ncclCommInitRankConfig = ncclResult_t (*)(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                                     ncclConfig_t* config);
 using PFN_ncclCommFinalize = ncclResult_t (*)(ncclComm_t comm);
+using PFN_ncclCommSplit = ncclResult_t (*)(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                           ncclConfig_t* config);
 using PFN_ncclCommDestroy = ncclResult_t (*)(ncclComm_t comm);
 using PFN_ncclCommAbort = ncclResult_t (*)(ncclComm_t comm);
 using PFN_ncclCommGetAsyncError = ncclResult_t (*)(ncclComm_t comm, ncclResult_t* asyncError);
@@ -234,6 +236,7 @@ using PFN_ncclScatter = ncclResult_t (*)(const void* sendbuff, void* recvbuff, s
   X(ncclGroupEnd, true)             \
   X(ncclRedOpCreatePreMulSum, true) \
   X(ncclRedOpDestroy, true)         \
+  X(ncclCommSplit, false)           \
   X(ncclAlltoAll, false)            \
   X(ncclGather, false)              \
   X(ncclScatter, false)

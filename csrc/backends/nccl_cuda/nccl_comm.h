@@ -142,6 +142,12 @@ class NcclComm {
   void group_start();
   void group_end();
 
+  // Replaces the non-blocking communicator by a blocking one split off it (ncclCommSplit: same ranks, same
+  // order), then frees the first. Collective; call it right after init. The split is polled under the timeout
+  // like init (CollectiveTimeout, communicator aborted). GPUCOLL_NCCL_BLOCKING_OPS.
+  void split_blocking();
+  bool blocking() const { return blocking_; }
+
   // The watchdog's view; never throws for NCCL/CUDA states (they are reported in the result).
   PollResult poll();
   // ncclCommAbort; later calls raise InvalidUsage with `why`. Idempotent, never throws.
@@ -199,6 +205,7 @@ class NcclComm {
   std::shared_ptr<Work> finish(uint64_t seq, const OpDesc& d, cudaStream_t s, bool capturing, bool async_op);
   void track(const std::shared_ptr<Work>& w, cudaStream_t s, bool capturing);
   void abort_locked(const std::string& why) noexcept;
+  bool drained();  // every tracked operation finished (close() of a blocking communicator)
 
   const NcclLibrary& lib_;
   int rank_;
@@ -212,6 +219,7 @@ class NcclComm {
   std::mutex pend_mu_;  // guards pending_
   ncclComm_t comm_ = nullptr;
   std::atomic<int> state_{kOpen};
+  bool blocking_ = false;  // comm_ is the blocking child of split_blocking()
   std::atomic<bool> abort_requested_{false};
   bool deferred_abort_ = false;  // abort() came while a group was open (guarded by call_mu_)
   bool prefer_native_ = true;

@@ -114,6 +114,19 @@ void NcclComm::abort_locked(const std::string& why) noexcept {
   pending_.clear();
 }
 
+bool NcclComm::drained() {
+  cuda::RelaxedCaptureMode relaxed;
+  std::lock_guard<std::mutex> lock(pend_mu_);
+  for (Pending& p : pending_) {
+    try {
+      if (!p.work->query()) return false;
+    } catch (const Error&) {
+      return false;  // a broken context: abort rather than finalize
+    }
+  }
+  return true;
+}
+
 void NcclComm::close() noexcept {
   try {
     std::lock_guard<std::mutex> lock(call_mu_);
@@ -128,12 +141,20 @@ void NcclComm::close() noexcept {
         std::swap(c, comm_);
       }
       bool clean = false;
-      if (c != nullptr && group_.depth == 0) {
+      const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+      int sleep_us = 10;
+      // A blocking communicator's finalize waits for its operations without a bound: wait for the tracked ones
+      // here (bounded), and abort instead of finalizing when they do not finish.
+      bool settled = !blocking_;
+      while (!settled) {
+        settled = drained();
+        if (settled || Clock::now() >= deadline) break;
+        backoff(&sleep_us);
+      }
+      if (c != nullptr && group_.depth == 0 && settled) {
         // Finalize waits for the issued operations (bounded by the timeout), then destroy frees the rest.
         // On any failure the communicator is aborted instead, which never waits.
         ncclResult_t r = lib_.fn.ncclCommFinalize(c);
-        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
-        int sleep_us = 10;
         ncclResult_t state = r;
         while (state == ncclInProgress && Clock::now() < deadline) {
           backoff(&sleep_us);
