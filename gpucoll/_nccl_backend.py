@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -471,9 +472,17 @@ class NcclBackend:
 
     def _on_timeout(self, st: dict) -> None:
         seq, what = int(st["oldest_seq"]), st["oldest_what"]
-        missing, note = self._missing_ranks(seq)
         head = (f"{what} did not complete within the timeout of {self._timeout:g} s on rank {self.rank} of "
                 f"{self.world_size} (cuda:{self.device})")
+        if what.startswith(("send", "recv")):
+            # Ranks issue different numbers of sends and receives, so counts say nothing here: name the peer.
+            peer = re.search(r"rank (\d+)\)$", what)
+            body = (f"its peer, rank {peer.group(1)}, did not post the matching operation in time" if peer else
+                    "its peers did not post the matching operations in time")
+            self._fail(CollectiveTimeout(f"{head}; {body}; the NCCL communicator was aborted",
+                                         call=what.split(" ", 1)[0], ranks=(int(peer.group(1)),) if peer else ()))
+            return
+        missing, note = self._missing_ranks(seq)
         if missing:
             shown = ", ".join(map(str, missing[:64])) + (", ..." if len(missing) > 64 else "")
             body = f"ranks that had not reached operation #{seq}: [{shown}]"

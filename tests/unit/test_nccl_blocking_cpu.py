@@ -1,4 +1,5 @@
-"""GPUCOLL_NCCL_BLOCKING_OPS: the blocking split waits for every rank's init under the timeout, on CPU.
+"""On CPU: GPUCOLL_NCCL_BLOCKING_OPS (the blocking split waits for every rank's init under the timeout), and the
+watchdog's timeout for a point-to-point operation (it names the peer).
 
 The split itself (ncclCommSplit) needs a GPU (tests/gpu/test_nccl_gpu.py, kind "blocking"); here a stand-in for
 the native communicator records what the bootstrap asks of it.
@@ -75,3 +76,38 @@ def test_the_variable_is_registered_and_off_by_default(monkeypatch):
     var = {v["name"]: v for v in config.variables()}["GPUCOLL_NCCL_BLOCKING_OPS"]
     assert var["default"] == "0" and "blocking" in var["description"]
     assert config.get_bool("GPUCOLL_NCCL_BLOCKING_OPS") is False
+
+
+def test_a_stuck_send_names_its_peer_not_sequence_counts(server, monkeypatch):
+    """Ranks issue different numbers of sends and receives: the timeout names the peer of the stuck one."""
+    import time
+
+    monkeypatch.setenv("GPUCOLL_NCCL_WATCHDOG_MS", "10")
+
+    class StuckSend:
+        issued = 7
+        aborted = None
+
+        def poll(self):
+            return {"completed": [], "pending": True, "oldest_seq": 7, "oldest_age_s": 1.0, "issued": 7,
+                    "oldest_what": "send #7 (4096 bytes to rank 2)", "async_error": "", "async_text": "",
+                    "usable": self.aborted is None}
+
+        def abort(self, why):
+            self.aborted = why
+
+        def close(self):
+            pass
+
+    server.set("t3/seq/1", b"0")  # rank 1 issued nothing: it is not part of this exchange and must not be named
+    backend = _nccl_backend.NcclBackend(StuckSend(), rank=0, world_size=3, device=0, store=server, prefix="t3/",
+                                        timeout=0.2)
+    try:
+        end = time.monotonic() + 10
+        while backend._error is None and time.monotonic() < end:
+            time.sleep(0.01)
+        err = backend._error
+        assert isinstance(err, CollectiveTimeout) and err.ranks == (2,) and err.call == "send"
+        assert "its peer, rank 2, did not post the matching operation" in err.message
+    finally:
+        backend.close()
