@@ -560,4 +560,7 @@ def _split_blocking(comm, launch, store, prefix: str, timeout: float) -> None:
         comm.abort("a rank did not finish NCCL init")
         raise CollectiveTimeout(f"NCCL init (GPUCOLL_NCCL_BLOCKING_OPS=1, before the blocking split): {e.message}",
                                 call="ncclCommSplit", ranks=e.ranks) from None
-    comm.split_blocking()
+    try:
+        comm.split_blocking()
+    except Unsupported as e:  # NCCL < 2.18: raised before any NCCL call, on every rank alike
+        _log.warn(f"GPUCOLL_NCCL_BLOCKING_OPS=1 has no effect: {e.message}")

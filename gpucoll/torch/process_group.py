@@ -77,8 +77,14 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
 
     # torch asks a group for its per-device backend: init_process_group(device_id=...) reads
     # pg._get_backend(device_id).supports_splitting, new_group looks for a group to split from. This group serves
-    # cpu and cuda itself (it is not a set of C++ Backends), so it answers for both and declines splitting.
+    # cpu and cuda itself (it is not a set of C++ Backends), so it answers for both and declines splitting. The
+    # other capabilities torch reads off that answer are declined too (a missing one is an AttributeError where a
+    # backend-less group's RuntimeError was caught: inductor's comm estimate, FSDP2's allocator, _time_estimator).
     supports_splitting = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
 
     def _get_backend(self, device):
         kind = device.type if isinstance(device, torch.device) else torch.device(device).type

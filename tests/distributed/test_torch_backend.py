@@ -567,6 +567,12 @@ def test_group_answers_torchs_backend_lookup():
         for device in (torch.device("cuda", 0), torch.device("cuda"), torch.device("cpu"), "cuda:1"):
             assert pg._get_backend(device) is pg
         assert pg._get_backend(torch.device("cuda", 0)).supports_splitting is False
+        # what inductor's comm estimate, FSDP2's allocator and _time_estimator read off the answer
+        backend = pg._get_backend(torch.device("cuda"))
+        assert backend.supports_time_estimate is False and backend.supports_tensor_alloc(torch.device("cuda")) is False
+        estimate = dist.distributed_c10d._time_estimator(group=pg, device=torch.device("cuda"))
+        with pytest.raises(NotImplementedError, match="time estimator is not supported"), estimate:
+            pass
         with pytest.raises(RuntimeError, match="No backend type associated with device type meta"):
             pg._get_backend(torch.device("meta"))
         pg.bound_device_id = torch.device("cuda", 0)

@@ -14,7 +14,7 @@ import pytest
 
 from gpucoll import _nccl_backend
 from gpucoll.bootstrap.store import TCPStore
-from gpucoll.errors import CollectiveTimeout
+from gpucoll.errors import CollectiveTimeout, Unsupported
 
 
 class SplitRecorder:
@@ -67,6 +67,17 @@ def test_a_rank_that_never_finished_init_is_named_and_nothing_splits(server):
         _nccl_backend._split_blocking(comm, _launch(0, 3), server, "t2/", 0.5)
     assert info.value.ranks == (1, 2) and info.value.call == "ncclCommSplit"
     assert comm.split == 0 and comm.aborted
+
+
+def test_an_nccl_without_split_keeps_the_non_blocking_communicator(server):
+    class NoSplit(SplitRecorder):
+        def split_blocking(self):
+            raise Unsupported("NCCL 2.17.1 has no ncclCommSplit (2.18 or newer has): its communicators stay "
+                              "non-blocking", call="ncclCommSplit")
+
+    comm = NoSplit()
+    _nccl_backend._split_blocking(comm, _launch(0, 1), server, "t3/", 10.0)
+    assert comm.aborted is None
 
 
 def test_the_variable_is_registered_and_off_by_default(monkeypatch):

@@ -148,8 +148,8 @@ void NcclComm::split_blocking() {
   config.blocking = 1;
   // The split runs in the parent's mode (init.cc hands the parent to ncclAsyncLaunch): non-blocking, on NCCL's
   // thread, polled here under the timeout like init. The child's own config makes it blocking afterwards. NCCL
-  // writes the child through the pointer when it finishes, so the slot lives on the heap: on a timeout it is
-  // left to NCCL's thread (8 bytes) rather than freed under it.
+  // writes the child through the pointer when it finishes, so the slot lives on the heap: where NCCL's thread may
+  // still run, it is left to it (8 bytes) rather than freed under it.
   auto* slot = new ncclComm_t(nullptr);
   const ncclResult_t r = lib_.fn.ncclCommSplit(comm_, 0, rank_, slot, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
@@ -162,7 +162,19 @@ void NcclComm::split_blocking() {
       rethrow_with(e, what, __FILE__, __LINE__);
     }
   }
-  wait_ready("ncclCommSplit", what);  // throws (slot left to NCCL) on a timeout or an asynchronous error
+  try {
+    wait_ready("ncclCommSplit", what);
+  } catch (...) {
+    // On a timeout or an asynchronous error wait_ready aborted the parent, and ncclCommAbort joins NCCL's thread
+    // for the split (ncclCommEnsureReady, ncclGroupJobAbort): the slot is final, and a child written there (its
+    // init failed or was cut short) holds its own proxy thread, sockets and GPU memory until aborted. Otherwise
+    // (an abort requested meanwhile) NCCL's thread may still write the slot: it is left to it.
+    if (comm_ == nullptr) {
+      if (*slot != nullptr) lib_.fn.ncclCommAbort(*slot);
+      delete slot;
+    }
+    throw;
+  }
   ncclComm_t child = *slot;
   delete slot;
   if (child == nullptr) {
@@ -275,6 +287,14 @@ void NcclComm::settle(ncclResult_t r, const char* call, const std::string& what)
   try {
     nccl_check(r, call, comm_, __FILE__, __LINE__);
   } catch (const Error& e) {
+    // A blocking communicator returns every error at once and keeps none (ncclEnqueueCheck and groupCleanup set
+    // the asynchronous error of non-blocking ones only): past an argument or usage error (a failed connection,
+    // a remote or CUDA error) NCCL requires the abort all the same.
+    if (blocking_ && r != ncclInvalidArgument && r != ncclInvalidUsage) {
+      abort_locked(what + ": " + e.message());
+      throw Error(e.code(), what + ": " + e.message() + "; the NCCL communicator was aborted", e.call(), __FILE__,
+                  __LINE__, e.ranks());
+    }
     ncclResult_t state = ncclSuccess;
     if (comm_ != nullptr && lib_.fn.ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
         state != ncclInProgress) {

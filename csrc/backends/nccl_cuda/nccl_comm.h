@@ -145,6 +145,10 @@ class NcclComm {
   // Replaces the non-blocking communicator by a blocking one split off it (ncclCommSplit: same ranks, same
   // order), then frees the first. Collective; call it right after init. The split is polled under the timeout
   // like init (CollectiveTimeout, communicator aborted). GPUCOLL_NCCL_BLOCKING_OPS.
+  // What it gives up: a blocking call waits inside NCCL without a bound for what it does on the host, e.g. the
+  // connections NCCL sets up on an operation's first use of a peer or algorithm (NCCL_RUNTIME_CONNECT), which wait
+  // for that peer; the watchdog cannot abort a call in progress (call_mu_; ncclCommAbort would free the
+  // communicator under it). The timeout then covers only work on the GPU.
   void split_blocking();
   bool blocking() const { return blocking_; }
 

@@ -58,6 +58,12 @@ PollResult NcclComm::poll() {
     }
     pending_.swap(still);
   }
+  // Not while the owner is in a call: once a non-blocking operation finished, ncclCommGetAsyncError joins its group
+  // job and clears comm->groupJob without synchronisation (init.cc, group.cc ncclGroupJobComplete), so the owner's
+  // wait_ready and this poll reading ncclSuccess at once would free the job twice. The owner's calls report
+  // errors themselves; a communicator between calls is read here.
+  std::unique_lock<std::mutex> call(call_mu_, std::try_to_lock);
+  if (!call.owns_lock()) return out;
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_ != nullptr && out.usable) {
     ncclResult_t state = ncclSuccess;
