@@ -23,7 +23,8 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_NCCL_BLOCKING_OPS", VarType::kBool, "0",
        "1: after its non-blocking init (bounded by the timeout), the NCCL backend splits a blocking communicator "
        "off it for operations. NCCL >= 2.23 runs each operation of a non-blocking communicator through a thread "
-       "it starts per call; a blocking one launches on the caller's thread. Off until measured on a GPU."},
+       "it starts per call; a blocking one launches on the caller's thread, but the timeout then no longer bounds "
+       "NCCL's host-side waits (connection setup to a peer that never comes). Off until measured on a GPU."},
       {"GPUCOLL_BACKEND", VarType::kString, "",
        "Backend when gpucoll.init(backend='auto'): host, nccl or custom. Empty: GPU backends when a GPU is "
        "usable, else host."},
