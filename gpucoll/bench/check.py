@@ -54,10 +54,12 @@ def _no_gpu_reason(problems: dict) -> str:
     return "; ".join(f"{b}: {why.split('; use --backend')[0]}" for b, why in problems.items())
 
 
-def available_backends() -> list[str]:
-    """The default backends of --check: the GPU backends that can run here, else the host backend."""
-    gpu = [b for b, why in gpu_backend_problems().items() if why is None]
-    return gpu or ["host"]
+def default_backends() -> tuple[list[str], str | None]:
+    """The default backends of --check and why no GPU is checked (None when one is): the GPU backends that can
+    run here, else the host backend."""
+    problems = gpu_backend_problems()
+    gpu = [b for b, why in problems.items() if why is None]
+    return (gpu, None) if gpu else (["host"], _no_gpu_reason(problems))
 
 
 def load_thresholds(path: str | None) -> dict:
@@ -151,11 +153,7 @@ def _parse(argv: list[str]):
         if not {"nccl", "custom"} & set(backends):
             args.no_gpu = f"--backend {args.backend} checks no GPU backend"
     else:
-        problems = gpu_backend_problems()
-        backends = [b for b, why in problems.items() if why is None]
-        if not backends:
-            backends = ["host"]
-            args.no_gpu = _no_gpu_reason(problems)
+        backends, args.no_gpu = default_backends()
     if args.require_gpu and args.no_gpu:
         ap.error(f"--require-gpu: {args.no_gpu}")
     if args.no_gpu and not args.backend:

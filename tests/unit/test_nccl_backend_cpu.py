@@ -26,7 +26,6 @@ import pytest
 import gpucoll
 from gpucoll import _C, _buffers, _cuda_buffers, _nccl_backend
 from gpucoll._spawn import free_port
-from gpucoll.bootstrap import TCPStore
 from gpucoll.errors import CollectiveTimeout, CudaError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
 HAVE_GPU = int(_C.cuda_probe()["device_count"]) > 0
@@ -453,13 +452,6 @@ class FakeComm:
 
 
 @pytest.fixture
-def store():
-    s = TCPStore("127.0.0.1", 0, is_server=True, timeout=10.0)
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def fast_watchdog(monkeypatch):
     monkeypatch.setenv("GPUCOLL_NCCL_WATCHDOG_MS", "10")
 
@@ -514,6 +506,23 @@ def test_watchdog_timeout_when_every_rank_issued_it(store, fast_watchdog):
     try:
         assert wait_for(lambda: backend._error is not None)
         assert "every rank had issued operation #2" in backend._error.message and backend._error.ranks == ()
+    finally:
+        backend.close()
+
+
+def test_a_stuck_send_names_its_peer_not_sequence_counts(store, fast_watchdog):
+    """Ranks issue different numbers of sends and receives: the timeout names the peer of the stuck one."""
+    comm = FakeComm()
+    comm.issued = 7
+    store.set("t/seq/1", b"0")  # rank 1 issued nothing: it is not part of this exchange and must not be named
+    comm.status = {"pending": True, "oldest_seq": 7, "oldest_what": "send #7 (4096 bytes to rank 2)",
+                   "oldest_age_s": 1.0}
+    backend = make_backend(store, comm)
+    try:
+        assert wait_for(lambda: backend._error is not None)
+        err = backend._error
+        assert isinstance(err, CollectiveTimeout) and err.ranks == (2,) and err.call == "send"
+        assert "its peer, rank 2, did not post the matching operation" in err.message
     finally:
         backend.close()
 
