@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import pytest
-from test_nccl_backend_cpu import FakeCAI, FakeComm, make_backend, store  # noqa: F401 - store is a fixture
+from test_nccl_backend_cpu import FakeCAI, FakeComm, make_backend
 
 from gpucoll import _C, _buffers, _cuda_buffers
 from gpucoll.errors import CollectiveTimeout, InvalidUsage
@@ -67,7 +67,7 @@ def joins(monkeypatch):
     return seen
 
 
-def test_explicit_stream_waits_for_input_and_output_producers(store, joins):  # noqa: F811
+def test_explicit_stream_waits_for_input_and_output_producers(store, joins):
     comm = FakeComm()
     backend = make_backend(store, comm, timeout=60.0)
     try:
@@ -98,7 +98,7 @@ class TimingOut(FakeComm):
         raise self.error
 
 
-def test_native_timeout_names_the_missing_ranks(store):  # noqa: F811
+def test_native_timeout_names_the_missing_ranks(store):
     native_error = CollectiveTimeout("all_reduce #3 (float32 x 4): NCCL did not finish ncclAllReduce within the "
                                      "timeout of 0.2 s; the communicator was aborted", call="ncclAllReduce")
     comm = TimingOut(native_error)
@@ -120,7 +120,7 @@ def test_native_timeout_names_the_missing_ranks(store):  # noqa: F811
         backend.close()
 
 
-def test_call_interrupted_by_the_watchdog_raises_its_failure(store):  # noqa: F811
+def test_call_interrupted_by_the_watchdog_raises_its_failure(store):
     comm = TimingOut(InvalidUsage("all_reduce #1 was interrupted: the communicator is being aborted"))
     backend = make_backend(store, comm, timeout=60.0)
     try:
