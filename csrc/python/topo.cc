@@ -115,6 +115,20 @@ void bind_topo(py::module_& m) {
         GPUCOLL_CHECK_ARG(a != b, "set_p2p needs two different GPUs");
         t.link(a, b).p2p = p;
       }, py::arg("a"), py::arg("b"), py::arg("state"))
+      .def("set_gpu_model", &topo::set_gpu_model, py::arg("name"),
+           "Name every GPU and re-derive compute capability, PCIe/NVLink generation and NVSwitch from the name.")
+      .def("set_cpu_vendor", [](topo::Topology& t, const std::string& v) {
+        GPUCOLL_CHECK_ARG(v.empty() || v == "intel" || v == "amd" || v == "arm", "cpu_vendor must be intel, amd, arm "
+                          "or empty; got '", v, "'");
+        for (auto& h : t.hosts) h.cpu_vendor = v;
+      }, py::arg("vendor"))
+      .def("set_nic_speed", [](topo::Topology& t, double gbps) {
+        GPUCOLL_CHECK_ARG(gbps > 0, "NIC speed must be > 0 Gb/s, got ", gbps);
+        for (auto& n : t.nics) n.speed_gbps = gbps;
+      }, py::arg("gbps"), "Set every NIC's speed (Gb/s); nvidia-smi text carries none.")
+      .def("cpu_vendor", [](const topo::Topology& t, int host) { return t.hosts.at(static_cast<size_t>(host)).cpu_vendor; },
+           py::arg("host") = 0)
+      .def("gpu_name", [](const topo::Topology& t, int g) { return t.gpus.at(static_cast<size_t>(g)).name; })
       .def("pair_bandwidth", [](const topo::Topology& t, int a, int b) { return topo::pair_bandwidth(t, a, b); })
       .def("p2p_usable", [](const topo::Topology& t, int a, int b) -> py::object {
         std::string why;

@@ -46,6 +46,7 @@ struct nvmlPciInfo_t {
 };
 constexpr int kNvmlMaxLinks = 18;        // NVML_NVLINK_MAX_LINKS
 constexpr int kNvmlP2PRead = 0;          // NVML_P2P_CAPS_INDEX_READ
+constexpr int kNvmlP2PWrite = 1;         // NVML_P2P_CAPS_INDEX_WRITE
 constexpr int kNvmlRemoteSwitch = 2;     // NVML_NVLINK_DEVICE_TYPE_SWITCH
 
 #define GPUCOLL_NVML_FUNCTIONS(X)                                                              \
@@ -209,6 +210,21 @@ std::vector<NicFound> sysfs_nics() {
   return out;
 }
 
+// The CPU vendor as NCCL reads it (CPUID vendor string; arm64 has none): its P2P level depends on it.
+std::string cpu_vendor() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("vendor_id", 0) == 0) {
+      if (line.find("GenuineIntel") != std::string::npos) return "intel";
+      if (line.find("AuthenticAMD") != std::string::npos) return "amd";
+      return "";
+    }
+    if (line.rfind("CPU implementer", 0) == 0) return "arm";
+  }
+  return "";
+}
+
 // ---- CUDA driver cross-check --------------------------------------------------------------------------------
 using PFN_cuDeviceCanAccessPeer = int (*)(int*, int, int);
 
@@ -219,7 +235,7 @@ Topology detect_local() {
   t.source = "detect";
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
-  t.hosts.push_back(Host{host});
+  t.hosts.push_back(Host{host, cpu_vendor()});
 
   // GPUs: NVML first, the CUDA driver when NVML is absent.
   const Nvml& nv = nvml();
@@ -322,9 +338,12 @@ Topology detect_local() {
         l.cls = classify_paths(chains[a], chains[b], t.gpus[a].numa_node, t.gpus[b].numa_node);
       }
       if (nvml_up && nv.nvmlDeviceGetP2PStatus) {
-        int st = 0;
-        if (nv.nvmlDeviceGetP2PStatus(handles[a], handles[b], kNvmlP2PRead, &st) == 0) {
-          l.p2p = st == 0 ? P2P::kSupported : P2P::kUnsupported;
+        // NCCL (src/graph/paths.cc) wants both the read and the write status OK; a GeForce board reports
+        // NOT_SUPPORTED over PCIe, which is how its disabled P2P is told apart.
+        int rd = 0, wr = 0;
+        if (nv.nvmlDeviceGetP2PStatus(handles[a], handles[b], kNvmlP2PRead, &rd) == 0 &&
+            nv.nvmlDeviceGetP2PStatus(handles[a], handles[b], kNvmlP2PWrite, &wr) == 0) {
+          l.p2p = rd == 0 && wr == 0 ? P2P::kSupported : P2P::kUnsupported;
         }
       }
       t.link(a, b) = l;

@@ -185,14 +185,20 @@ int gen_from_speed(const std::string& s) {
   return gts >= 60 ? 6 : gts >= 30 ? 5 : gts >= 15 ? 4 : gts >= 7 ? 3 : gts >= 4 ? 2 : gts > 0 ? 1 : 0;
 }
 
-void walk(const Node& n, Place at, std::vector<GpuRec>& gpus, std::vector<NicRec>& nics, int& ncpu) {
+void walk(const Node& n, Place at, std::vector<GpuRec>& gpus, std::vector<NicRec>& nics, int& ncpu,
+          std::string& vendor) {
   for (const auto& cp : n.children) {
     const Node& c = *cp;
     if (c.name == "cpu") {
       Place p;
       p.cpu = ncpu++;
+      // NCCL writes the CPUID vendor string (src/graph/topo.cc kvDictCpuVendor); its P2P rule depends on it.
+      const std::string v = c.attr("vendor");
+      if (v == "GenuineIntel") vendor = "intel";
+      else if (v == "AuthenticAMD") vendor = "amd";
+      else if (c.attr("arch") == "arm64") vendor = "arm";
       p.numa = to_int(c, "numaid", -1);
-      walk(c, p, gpus, nics, ncpu);
+      walk(c, p, gpus, nics, ncpu, vendor);
     } else if (c.name == "pci") {
       GPUCOLL_CHECK_ARG(at.cpu >= 0, "NCCL topology XML: line ", c.line, ": <pci> outside any <cpu>");
       Place p = at;
@@ -201,7 +207,7 @@ void walk(const Node& n, Place at, std::vector<GpuRec>& gpus, std::vector<NicRec
       GPUCOLL_CHECK_ARG(!p.bus_id.empty(), "NCCL topology XML: line ", c.line, ": <pci> without busid");
       p.pcie_gen = gen_from_speed(c.attr("link_speed"));
       p.pcie_width = to_int(c, "link_width", 0);
-      walk(c, p, gpus, nics, ncpu);
+      walk(c, p, gpus, nics, ncpu, vendor);
     } else if (c.name == "gpu") {
       GPUCOLL_CHECK_ARG(!at.bus_id.empty(), "NCCL topology XML: line ", c.line, ": <gpu> must sit inside its <pci>");
       GpuRec g;
@@ -232,7 +238,7 @@ void walk(const Node& n, Place at, std::vector<GpuRec>& gpus, std::vector<NicRec
         nics.push_back(r);
       }
     } else if (c.name == "system" || c.name == "#document") {
-      walk(c, at, gpus, nics, ncpu);
+      walk(c, at, gpus, nics, ncpu, vendor);
     }
     // Other elements (nvs, c2c, ...) of newer NCCL versions carry nothing we use.
   }
@@ -265,12 +271,13 @@ Topology from_nccl_xml(const std::string& text) {
   std::vector<GpuRec> gpus;
   std::vector<NicRec> nics;
   int ncpu = 0;
-  walk(*system, Place{}, gpus, nics, ncpu);
+  std::string vendor;
+  walk(*system, Place{}, gpus, nics, ncpu, vendor);
   std::stable_sort(gpus.begin(), gpus.end(), [](const GpuRec& a, const GpuRec& b) { return a.dev < b.dev; });
 
   Topology t;
   t.source = "nccl-xml";
-  t.hosts.push_back(Host{"localhost"});
+  t.hosts.push_back(Host{"localhost", vendor});
   for (size_t i = 0; i < gpus.size(); ++i) {
     const GpuRec& r = gpus[i];
     if (i > 0) {

@@ -5,7 +5,9 @@
 // legend. What varies in the wild and is accepted here: tabs or runs of spaces, ANSI escapes (nvidia-smi
 // underlines the header when stdout is a terminal), CRLF line ends, a shell prompt or other text before the
 // header, with or without NIC rows/columns and affinity columns, "SOC" (pre-r390 name of SYS), "N/A"
-// affinities. Anything else inside the table is an InvalidArgument naming the line.
+// affinities, and the output of `nvidia-smi topo -p2p r` appended (NVML's P2P status per pair). Anything else
+// inside the tables is an InvalidArgument naming the line.
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <sstream>
@@ -119,7 +121,7 @@ Topology from_nvidia_smi(const std::string& raw) {
   std::vector<std::string> nic_legend;
   Topology t;
   t.source = "nvidia-smi";
-  t.hosts.push_back(Host{"localhost"});
+  t.hosts.push_back(Host{"localhost", ""});
   for (int g = 0; g < ng; ++g) {
     Gpu gpu;
     gpu.index = g;
@@ -130,6 +132,7 @@ Topology from_nvidia_smi(const std::string& raw) {
     const std::vector<std::string> tk = tokens(lines[i]);
     if (tk.empty()) continue;
     if (tk[0] == "Legend:" || (tk[0] == "NIC" && tk.size() > 1 && tk[1] == "Legend:")) break;
+    if (tk[0] == "GPU0" && std::all_of(tk.begin(), tk.end(), is_gpu_label)) break;  // a -p2p table's header
     auto it = col_index.find(tk[0]);
     GPUCOLL_CHECK_ARG(it != col_index.end(), where(i), ": row '", tk[0],
                       "' is not one of the header's columns (line ", h + 1, ")");
@@ -187,6 +190,35 @@ Topology from_nvidia_smi(const std::string& raw) {
                         "symmetric");
       t.link(a, b) = l;
     }
+  }
+  // `nvidia-smi topo -p2p r` (or w, n, a, p) pasted after the table: NVML's P2P status per pair, which is how a
+  // GeForce board's disabled PCIe P2P shows (NS). OK is supported; NS, CNS, GNS, TNS (not supported by the
+  // GPU, chipset or topology) unsupported; U unknown. A pair is supported only when both directions say OK.
+  for (size_t j = end_line; j < lines.size(); ++j) {
+    const std::vector<std::string> hd = tokens(lines[j]);
+    if (hd.empty() || hd[0] != "GPU0" || !std::all_of(hd.begin(), hd.end(), is_gpu_label)) continue;
+    GPUCOLL_CHECK_ARG(static_cast<int>(hd.size()) == ng, where(j), ": the P2P table lists ", hd.size(),
+                      " GPUs, the topology table ", ng);
+    for (size_t k = j + 1; k < lines.size(); ++k) {
+      const std::vector<std::string> tk = tokens(lines[k]);
+      if (tk.empty()) continue;
+      if (!is_gpu_label(tk[0])) break;
+      const int a = std::atoi(tk[0].c_str() + 3);
+      GPUCOLL_CHECK_ARG(a < ng && static_cast<int>(tk.size()) == ng + 1, where(k), ": P2P row ", tk[0], " has ",
+                        tk.size() - 1, " cells, expected ", ng);
+      for (int b = 0; b < ng; ++b) {
+        const std::string& v = tk[static_cast<size_t>(b) + 1];
+        if (a == b) continue;
+        P2P p;
+        if (v == "OK") p = P2P::kSupported;
+        else if (v == "NS" || v == "CNS" || v == "GNS" || v == "TNS") p = P2P::kUnsupported;
+        else if (v == "U") p = P2P::kUnknown;
+        else GPUCOLL_INVALID_ARG(where(k), ": P2P status '", v, "' (expected OK, NS, CNS, GNS, TNS or U)");
+        Link& l = t.link(a, b);
+        if (p == P2P::kUnsupported || l.p2p == P2P::kUnknown) l.p2p = p;
+      }
+    }
+    break;
   }
   for (int c : nic_cols) {
     Nic n;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -118,7 +119,11 @@ std::string Topology::to_json() const {
   root.set("version", Json::number(kJsonVersion));
   root.set("source", Json::string(source));
   Json hs = Json::array();
-  for (const Host& h : hosts) hs.push(Json::object()).set("name", Json::string(h.name));
+  for (const Host& h : hosts) {
+    Json& j = hs.push(Json::object());
+    j.set("name", Json::string(h.name));
+    if (!h.cpu_vendor.empty()) j.set("cpu_vendor", Json::string(h.cpu_vendor));
+  }
   root.set("hosts", hs);
   Json gs = Json::array();
   for (const Gpu& g : gpus) {
@@ -196,7 +201,12 @@ Topology Topology::from_json(const std::string& text) {
   Topology t;
   t.source = get_str(root, "source", "topology");
   if (const Json* hs = root.get("hosts")) {
-    for (const Json& h : hs->as_array("hosts")) t.hosts.push_back(Host{get_str(h, "name", "hosts[]")});
+    for (const Json& h : hs->as_array("hosts")) {
+      const std::string vendor = get_str(h, "cpu_vendor", "hosts[]");
+      GPUCOLL_CHECK_ARG(vendor.empty() || vendor == "intel" || vendor == "amd" || vendor == "arm",
+                        "topology JSON: hosts[].cpu_vendor '", vendor, "' is not one of intel, amd, arm");
+      t.hosts.push_back(Host{get_str(h, "name", "hosts[]"), vendor});
+    }
   }
   const auto& gs = root.at("gpus", "topology").as_array("gpus");
   for (size_t i = 0; i < gs.size(); ++i) {
@@ -220,7 +230,7 @@ Topology Topology::from_json(const std::string& text) {
     g.cpu_affinity = get_str(j, "cpu_affinity", w);
     t.gpus.push_back(g);
   }
-  if (t.hosts.empty() && !t.gpus.empty()) t.hosts.push_back(Host{"localhost"});
+  if (t.hosts.empty() && !t.gpus.empty()) t.hosts.push_back(Host{"localhost", ""});
   for (const Gpu& g : t.gpus) {
     GPUCOLL_CHECK_ARG(g.host >= 0 && g.host < static_cast<int>(t.hosts.size()), "topology JSON: GPU ", g.index,
                       " names host ", g.host, " but there are ", t.hosts.size(), " hosts");
@@ -306,8 +316,69 @@ void validate(const Topology& t) {
   }
 }
 
+bool known_gpu(const std::string& name, KnownGpu* out) {
+  // Longest names first where one is a prefix of another (H200 before H20, A100 before A10). Datasheet facts:
+  // compute capability, host PCIe generation, NVLink generation of the SXM/bridge parts (0: no NVLink).
+  struct Row { const char* key; KnownGpu g; };
+  static const Row rows[] = {
+      {"GB200", {10, 0, 6, 5, false}}, {"B200", {10, 0, 6, 5, false}}, {"B100", {10, 0, 6, 5, false}},
+      {"GH200", {9, 0, 5, 4, false}},  {"H200", {9, 0, 5, 4, false}},  {"H100", {9, 0, 5, 4, false}},
+      {"H800", {9, 0, 5, 4, false}},   {"H20", {9, 0, 5, 4, false}},   {"A100", {8, 0, 4, 3, false}},
+      {"A800", {8, 0, 4, 3, false}},   {"A30", {8, 0, 4, 3, false}},   {"A40", {8, 6, 4, 3, false}},
+      {"A10", {8, 6, 4, 0, false}},    {"L40S", {8, 9, 4, 0, false}},  {"L40", {8, 9, 4, 0, false}},   {"L4", {8, 9, 4, 0, false}},
+      {"V100", {7, 0, 3, 2, false}},   {"T4", {7, 5, 3, 0, false}},    {"P100", {6, 0, 3, 1, false}},
+      {"RTX 5090", {12, 0, 5, 0, true}}, {"RTX 4090", {8, 9, 4, 0, true}}, {"RTX 3090", {8, 6, 4, 3, true}},
+      {"RTX 2080", {7, 5, 3, 2, true}},
+  };
+  KnownGpu g;
+  std::string up;
+  for (char c : name) up += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  g.geforce = up.find("GEFORCE") != std::string::npos;
+  for (const Row& r : rows) {
+    const size_t at = up.find(r.key);
+    // A whole word: "H20" must not match inside "H200", "A10" not inside "A100".
+    const size_t end = at + std::strlen(r.key);
+    if (at == std::string::npos || (end < up.size() && std::isalnum(static_cast<unsigned char>(up[end])))) continue;
+    const bool geforce = g.geforce || r.g.geforce;
+    g = r.g;
+    g.geforce = geforce;
+    *out = g;
+    return true;
+  }
+  *out = g;
+  return false;
+}
+
+bool is_geforce(const Gpu& g) {
+  KnownGpu k;
+  known_gpu(g.name, &k);
+  return k.geforce;
+}
+
+void set_gpu_model(Topology& t, const std::string& name) {
+  KnownGpu k;
+  GPUCOLL_CHECK_ARG(known_gpu(name, &k) || k.geforce, "GPU model '", name, "' is not one gpucoll knows (e.g. H100, H800, A100, "
+                    "A800, V100, L40S, RTX 4090; or a name containing GeForce)");
+  for (Gpu& g : t.gpus) {
+    g.name = name;
+    g.cc_major = k.cc_major;
+    g.cc_minor = k.cc_minor;
+    g.pcie_gen = k.pcie_gen;
+    g.nvlink_gen = 0;  // re-derived from the compute capability below
+  }
+  infer_defaults(t);
+}
+
 void infer_defaults(Topology& t) {
-  // NVLink lane bandwidth differs by generation (cost.cc), so an unknown generation is worth a guess. From
+  // What the name says fills what the importer could not see (nvidia-smi text carries no names; a JSON or
+  // gpucoll-topo --gpu may give one).
+  for (Gpu& g : t.gpus) {
+    KnownGpu k;
+    if (!known_gpu(g.name, &k)) continue;
+    if (g.cc_major == 0) g.cc_major = k.cc_major, g.cc_minor = k.cc_minor;
+    if (g.pcie_gen == 0) g.pcie_gen = k.pcie_gen;
+  }
+  // NVLink lane bandwidth differs by generation (links.cc), so an unknown generation is worth a guess. From
   // the compute capability: sm_60 NVLink 1, sm_70 2, sm_80 3, sm_90 4, sm_100 5 (NVIDIA product pages).
   for (int h = 0; h < static_cast<int>(t.hosts.size()); ++h) {
     const std::vector<int> ids = t.host_gpus(h);
@@ -379,7 +450,12 @@ Topology merge(const std::vector<Topology>& parts) {
   struct Src { const Topology* t; int gpu; };
   std::vector<Src> srcs;
   for (size_t h = 0; h < order.size(); ++h) {
-    out.hosts.push_back(Host{order[h]});
+    out.hosts.push_back(Host{order[h], ""});
+    for (const Topology* p : by_host[order[h]]) {
+      for (const Host& ph : p->hosts) {
+        if (ph.name == order[h] && out.hosts.back().cpu_vendor.empty()) out.hosts.back().cpu_vendor = ph.cpu_vendor;
+      }
+    }
     std::map<std::string, size_t> key_to_slot;
     std::vector<Src> host_srcs;
     for (const Topology* p : by_host[order[h]]) {

@@ -71,7 +71,9 @@ struct Nic {
 
 struct Host {
   std::string name;
-  bool operator==(const Host& o) const { return name == o.name; }
+  // "intel", "amd", "arm" or "" (unknown): NCCL's P2P level depends on it (src/graph/paths.cc), see links.h.
+  std::string cpu_vendor;
+  bool operator==(const Host& o) const { return name == o.name && cpu_vendor == o.cpu_vendor; }
 };
 
 class Topology {
@@ -103,10 +105,24 @@ class Topology {
 // InvalidArgument naming the problem.
 void validate(const Topology& t);
 
-// Fills what importers cannot see from what they can: NVLink generation from the compute capability or, when
-// that is unknown too, from the GPU's total link count (18: gen 4 as on H100, 12: gen 3, 6: gen 2, 4: gen 1);
+// Fills what importers cannot see from what they can: compute capability and PCIe generation from the GPU's
+// name (known_gpu below), NVLink generation from the compute capability or, when both are unknown, from the
+// GPU's total link count (18: gen 4 as on H100, 12: gen 3, 6: gen 2, 4: gen 1 - an H800's NV8 needs its name);
 // NVSwitch when all pairs show the same count and that many links to every peer cannot be separate wires.
 void infer_defaults(Topology& t);
+
+// What a GPU's product name tells (NVIDIA's datasheets): compute capability, PCIe generation, NVLink generation
+// (0: none), and whether it is a GeForce board (its driver disables PCIe P2P; NVML reports that, see links.h).
+struct KnownGpu {
+  int cc_major = 0, cc_minor = 0, pcie_gen = 0, nvlink_gen = 0;
+  bool geforce = false;
+};
+// False when the name matches no entry (then only `geforce` may be set, from the word GeForce).
+bool known_gpu(const std::string& name, KnownGpu* out);
+bool is_geforce(const Gpu& g);
+// Names every GPU (nvidia-smi text carries no names) and re-derives what the name tells: compute capability,
+// PCIe and NVLink generation, NVSwitch. Throws InvalidArgument for a name known_gpu does not know.
+void set_gpu_model(Topology& t, const std::string& name);
 
 // Detection on this machine. Never throws for a missing driver, NVML or GPU: the result then has no GPUs and
 // `notes` says why. GPUCOLL_TOPO_FILE replaces detection with that file; GPUCOLL_TOPO_DUMP_FILE writes the

@@ -209,3 +209,50 @@ def test_topo_file_and_dump_file(tmp_path):
     assert T.from_json(dump.read_text()) == load("dgx1_v100_nvsmi.txt")
     r = _run("from gpucoll import topology as T; print(T.detect().num_gpus)", GPUCOLL_TOPO_DUMP_FILE=str(dump))
     assert r.returncode == 0 and T.from_json(dump.read_text()).source == "detect"
+
+
+def test_nvidia_smi_p2p_table():
+    """`nvidia-smi topo -p2p r` appended to the table: NVML's P2P status per pair (how GeForce boards show)."""
+    text = (FIX / "autodl_2080ti_2x_nvsmi.txt").read_text()
+    assert load("autodl_2080ti_2x_nvsmi.txt").link_p2p(0, 1) == "unsupported"
+    ok = T.from_nvidia_smi(text.replace(" GPU0   X       NS", " GPU0   X       OK").replace(" GPU1   NS      X",
+                                                                                           " GPU1   OK      X"))
+    assert ok.link_p2p(0, 1) == "supported"
+    one_way = T.from_nvidia_smi(text.replace(" GPU0   X       NS", " GPU0   X       OK"))
+    assert one_way.link_p2p(0, 1) == "unsupported"  # a pair is supported only when both directions say OK
+    with pytest.raises(InvalidArgument, match="P2P status 'MAYBE'"):
+        T.from_nvidia_smi(text.replace(" GPU0   X       NS", " GPU0   X       MAYBE"))
+    with pytest.raises(InvalidArgument, match="P2P table lists 3 GPUs"):
+        T.from_nvidia_smi(text.replace("        GPU0    GPU1\n", "        GPU0    GPU1    GPU2\n"))
+
+
+def test_gpu_model_by_name():
+    # nvidia-smi text has no names: an H800's NV8 reads as NVLink 2 by link count; its name makes it Hopper.
+    t = T.from_nvidia_smi((FIX / "h100_8x_nvsmi.txt").read_text().replace("NV18", "NV8"))
+    assert T.to_dict(t)["gpus"][0]["nvlink_gen"] == 2
+    t.set_gpu_model("H800")
+    g = T.to_dict(t)["gpus"][0]
+    assert (g["name"], g["compute_capability"], g["nvlink_gen"], g["pcie_gen"]) == ("H800", [9, 0], 4, 5)
+    assert t.link_nvswitch(0, 1)
+    t.set_gpu_model("NVIDIA GeForce RTX 4090")
+    assert T.to_dict(t)["gpus"][0]["compute_capability"] == [8, 9]
+    with pytest.raises(InvalidArgument, match="not one gpucoll knows"):
+        t.set_gpu_model("Voodoo 5")
+    # Whole words: an H20 is not an H200, an A10 not an A100.
+    for name, cc in (("NVIDIA H20", [9, 0]), ("NVIDIA A10", [8, 6]), ("NVIDIA A100-SXM4-80GB", [8, 0])):
+        t.set_gpu_model(name)
+        assert T.to_dict(t)["gpus"][0]["compute_capability"] == cc, name
+
+
+def test_cpu_vendor():
+    assert load("a100_8x_nccl.xml").cpu_vendor() == "amd"  # NCCL's dump: vendor="AuthenticAMD"
+    t = load("pcie_2x_nvsmi.txt")
+    assert t.cpu_vendor() == ""
+    t.set_cpu_vendor("intel")
+    back = T.from_json(t.to_json())
+    assert back == t and back.cpu_vendor() == "intel"
+    d = T.to_dict(t)
+    d["hosts"][0]["cpu_vendor"] = "via"
+    with pytest.raises(InvalidArgument, match="cpu_vendor 'via'"):
+        T.from_json(json.dumps(d))
+    assert T.to_dict(T.replicate(t, 2))["hosts"][1]["cpu_vendor"] == "intel"  # merge keeps it
