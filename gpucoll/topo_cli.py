@@ -34,7 +34,7 @@ def sizes(lo: int = 8, hi: int = 1 << 30) -> list:
 
 
 def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_node: int = 0, nodes: int = 0,
-           tuning: str = "") -> dict:
+           tuning: str = "", nccl_version=0) -> dict:
     """Everything gpucoll-topo prints, as a dict (the --json output)."""
     if nodes > 1 and topo.num_hosts == 1:
         topo = topology.replicate(topo, nodes)
@@ -59,12 +59,15 @@ def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_no
         if s % esize:
             continue
         choice = topology.select(topo, coll, s, dtype, nranks_per_node, nodes, tuning=tuning,
-                                 custom_algorithms=custom)
+                                 custom_algorithms=custom, nccl_version=nccl_version)
         doc["rows"].append({**choice, "size": s})
+    # How sure the NCCL model is on this layout (nccl_model.cc: the published classes it was calibrated on).
+    doc["nccl_confidence"] = topology._C.topo_nccl_confidence(topo, nranks_per_node, nodes)
     return doc
 
 
-def print_report(doc: dict, out=sys.stdout) -> None:
+def print_report(doc: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: a default bound at import keeps a stream that may be closed
     t = doc["topology"]
     gpus = t["gpus"]
     n = len(gpus)
@@ -99,11 +102,16 @@ def print_report(doc: dict, out=sys.stdout) -> None:
     print(f"# trees: chain per node {tr['chains']}; between nodes (parent, child): {tr['inter'] or '-'}", file=out)
     print(f"# custom kernels modelled: {', '.join(doc['custom_algorithms']) or 'all'}; NCCL picks its own "
           f"algorithm (the column is the model's guess)", file=out)
-    print(f"{'size':>10}  {'backend':<12} {'algorithm':<14} {'proto':<7} {'time (us)':>11} {'busbw (GB/s)':>13}  model",
-          file=out)
+    print(f"# NCCL model here: {doc['nccl_confidence']}", file=out)
+    print(f"{'size':>10}  {'backend':<12} {'algorithm':<14} {'proto':<7} {'time (us)':>11} {'busbw (GB/s)':>13}  "
+          f"{'sure':<12} model", file=out)
     for r in doc["rows"]:
+        sure = (r.get("confidence") or "-").split(":", 1)[0]
         print(f"{_size(r['size']):>10}  {r['backend']:<12} {r['algorithm']:<14} {r['protocol'] or '-':<7} "
-              f"{r['seconds'] * 1e6:>11.1f} {r['busbw'] / 1e9:>13.1f}  {r['model']}", file=out)
+              f"{r['seconds'] * 1e6:>11.1f} {r['busbw'] / 1e9:>13.1f}  {sure:<12} {r['model']}", file=out)
+    print("# sure: calibrated = a system class the NCCL model was fitted to; validated = checked against published "
+          "points it was not fitted to; extrapolated = no published point of this class; estimate = gpucoll's own "
+          "kernels, not yet measured; tuned = a gpucoll-tune fit", file=out)
 
 
 def main(argv=None) -> int:
@@ -117,6 +125,14 @@ def main(argv=None) -> int:
     p.add_argument("--coll", default="all_reduce", help="collective for the table (default all_reduce)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--tuning", metavar="FILE", help="tuning JSON from gpucoll-tune (default: GPUCOLL_TUNING_FILE)")
+    p.add_argument("--gpu", metavar="MODEL", help="GPU model when the input has no names (nvidia-smi text), e.g. "
+                   "H800, A100, 'GeForce RTX 4090': sets compute capability, NVLink/PCIe generation, GeForce")
+    p.add_argument("--cpu-vendor", choices=["intel", "amd", "arm"], help="CPU vendor (NCCL's P2P rule depends on it)")
+    p.add_argument("--nic-gbps", type=float, metavar="GBPS", help="speed of every NIC (nvidia-smi text has none)")
+    p.add_argument("--no-p2p", action="store_true", help="PCIe P2P unavailable between the GPUs (e.g. GeForce "
+                   "boards; NVML tells when detecting, `nvidia-smi topo -p2p r` appended to the text does too)")
+    p.add_argument("--nccl-version", default="", metavar="X.Y.Z", help="the NCCL the job loads (P2P rule changed "
+                   "in 2.23; default: that rule)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
 
@@ -135,9 +151,21 @@ def main(argv=None) -> int:
             topo = topology.from_json(read(args.from_json))
         else:
             topo = topology.detect()
+        if args.gpu:
+            topo.set_gpu_model(args.gpu)
+        if args.cpu_vendor:
+            topo.set_cpu_vendor(args.cpu_vendor)
+        if args.nic_gbps:
+            topo.set_nic_speed(args.nic_gbps)
+        if args.no_p2p:
+            for a in range(topo.num_gpus):
+                for b in range(a + 1, topo.num_gpus):
+                    if topo.link_class(a, b) not in ("NVL", "NET"):
+                        topo.set_p2p(a, b, "unsupported")
         tuning = read(args.tuning) if args.tuning else ""
-        doc = report(topo, args.coll, args.dtype, args.nranks_per_node, args.nodes, tuning)
-    except (GpucollError, OSError) as exc:
+        doc = report(topo, args.coll, args.dtype, args.nranks_per_node, args.nodes, tuning,
+                     topology.nccl_version_number(args.nccl_version))
+    except (GpucollError, OSError, ValueError) as exc:
         print(f"gpucoll-topo: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -103,22 +103,38 @@ def hosts_of_ranks(topo: Topology) -> dict:
     return {name: topo.host_gpus(h) for h, name in enumerate(topo.host_names())}
 
 
+def nccl_version_number(version) -> int:
+    """"2.21.5" or 22105 -> 22105 (ncclGetVersion's encoding); "" or 0 -> 0 (unknown: NCCL >= 2.23's rules)."""
+    if not version:
+        return 0
+    if isinstance(version, int):
+        return version
+    parts = [int(x) for x in str(version).split(".")]
+    if len(parts) != 3:
+        raise ValueError(f"NCCL version {version!r}: expected MAJOR.MINOR.PATCH, e.g. 2.21.5")
+    return parts[0] * 10000 + parts[1] * 100 + parts[2]
+
+
 def candidates(topo: Topology, coll: str, nbytes: int, dtype: str = "float32", nranks_per_node: int = 0,
                nodes: int = 0, custom: bool = True, nccl: bool = True, host: bool = True, tuning: str = "",
-               custom_algorithms=()) -> list:
+               custom_algorithms=(), nccl_version=0) -> list:
     """Every backend/algorithm priced for the call (usable or not, with reasons). ``custom_algorithms``: what
-    the custom backend implements ("all_reduce:oneshot", or "oneshot" for every collective; empty: all)."""
+    the custom backend implements ("all_reduce:oneshot", or "oneshot" for every collective; empty: all).
+    NCCL candidates carry NCCL's own estimate (``tuner_seconds``) and whether NCCL's tuner picks them
+    (``nccl_auto``); every candidate says how sure the model is (``confidence``)."""
     return _C.topo_candidates(topo, coll, nbytes, dtype, nranks_per_node, nodes, custom, nccl, host, tuning,
-                              custom_algorithms=list(custom_algorithms))
+                              custom_algorithms=list(custom_algorithms),
+                              nccl_version=nccl_version_number(nccl_version))
 
 
 def select(topo: Topology, coll: str, nbytes: int, dtype: str = "float32", nranks_per_node: int = 0,
            nodes: int = 0, algo: str = "auto", custom: bool = True, nccl: bool = True, host: bool = True,
-           tuning: str = "", custom_algorithms=()) -> dict:
+           tuning: str = "", custom_algorithms=(), nccl_version=0) -> dict:
     """The chosen backend/algorithm. ``algo`` ("oneshot", "nccl", "nccl:ring", ...) or GPUCOLL_ALGO wins; an
-    impossible one raises InvalidArgument saying why."""
+    impossible one raises InvalidArgument saying why. ``nccl_version`` ("2.21.5"): NCCL's P2P rule depends on it."""
     return _C.topo_select(topo, coll, nbytes, dtype, nranks_per_node, nodes, custom, nccl, host, algo, tuning,
-                          custom_algorithms=list(custom_algorithms))
+                          custom_algorithms=list(custom_algorithms),
+                          nccl_version=nccl_version_number(nccl_version))
 
 
 def ring(topo: Topology, gpus, require_p2p: bool = False) -> list:

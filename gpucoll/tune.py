@@ -8,6 +8,10 @@ each fit's quality (R^2 and the worst relative error) and writes ``{"fits": {"ba
 
 The link class is not in a bench document: host-backend runs are SHM; for GPU runs pass ``--link-class NVL``
 (or PIX, PXB, ...) as shown by gpucoll-topo on that machine.
+
+Runs of NCCL across nodes (``--topology FILE`` of one node; the nodes are the documents' distinct hostnames) also
+fit the NCCL model's network: the latency each inter-node step adds and the NICs' achieved fraction of line rate,
+written as ``"nccl_model": {"net_latency_s", "eta_net"}`` (csrc/topo/nccl_model.h).
 """
 
 from __future__ import annotations
@@ -74,21 +78,64 @@ def fit(docs, link_class: str = "", local: int = 0) -> dict:
     return {"format": "gpucoll-tuning", "version": 1, "fits": fits, "skipped": skipped}
 
 
+def fit_network(docs, topo) -> dict | None:
+    """NCCL's network terms from multi-node NCCL runs: per row, the model's time of NCCL's pick is
+    base + steps * latency + net_s / eta (nccl_model.h NetTerms); latency and 1/eta by relative least squares."""
+    from gpucoll import _C, topology
+
+    A, y = [], []
+    for doc in docs:
+        hosts = sorted({d.get("hostname", "") for d in doc.get("devices") or []})
+        nranks = int(doc.get("environment", {}).get("nranks", 0))
+        if len(hosts) < 2 or nranks % len(hosts):
+            continue
+        nodes = len(hosts)
+        t = topology.replicate(topo, nodes) if topo.num_hosts == 1 else topo
+        for backend, _algo, coll, _n, size, secs in _rows(doc):
+            if backend != "nccl" or not coll:
+                continue
+            terms = _C.topo_nccl_net_terms(t, coll, size, nranks_per_node=nranks // nodes, nodes=nodes)
+            A.append([terms["net_steps"] / secs, terms["net_s"] / secs])
+            y.append((secs - terms["base_s"]) / secs)
+    if len(y) < 2:
+        return None
+    A, y = np.array(A), np.array(y)
+    cols = [j for j in range(2) if np.any(A[:, j] > 0)]
+    coef, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+    got = dict(zip(cols, coef))
+    out = {"points": len(y), "net_latency_s": float(max(got.get(0, 0.0), 0.0))}
+    if 1 in got and got[1] > 0:
+        out["eta_net"] = float(min(1.0 / got[1], 1.0))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpucoll-tune", description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", help="gpucoll-bench --json files")
     p.add_argument("-o", "--output", required=True, help="tuning JSON to write (use with GPUCOLL_TUNING_FILE)")
     p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET)")
     p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs")
+    p.add_argument("--topology", metavar="FILE", help="one node's topology (any gpucoll-topo input): fit the NCCL "
+                   "model's network latency and efficiency from NCCL runs across nodes")
     args = p.parse_args(argv)
     docs = []
     for path in args.results:
         with open(path) as f:
             docs.append(json.load(f))
     out = fit(docs, args.link_class, args.local_size)
+    if args.topology:
+        from gpucoll import topology
+
+        net = fit_network(docs, topology.load(args.topology))
+        if net is None:
+            print("gpucoll-tune: --topology given but no NCCL run spans two or more hosts", file=sys.stderr)
+        else:
+            out["nccl_model"] = {k: v for k, v in net.items() if k != "points"}
+            print(f"NCCL network from {net['points']} points: latency {net['net_latency_s'] * 1e6:.1f} us/step"
+                  + (f", NICs at {net['eta_net'] * 100:.0f}% of line rate" if "eta_net" in net else ""))
     for line in out.pop("skipped"):
         print(f"gpucoll-tune: skipped {line}", file=sys.stderr)
-    if not out["fits"]:
+    if not out["fits"] and "nccl_model" not in out:
         print("gpucoll-tune: no (algorithm, size) series with at least two sizes in the input", file=sys.stderr)
         return 2
     print(f"{'entry':<32} {'a (us/step)':>12} {'b (ns/B)':>10} {'GB/s':>8} {'points':>7} {'R^2':>7} {'max err':>8}")

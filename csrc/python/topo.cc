@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "python/bindings.h"
 #include "topo/cost.h"
+#include "topo/nccl_model.h"
 #include "topo/topology.h"
 
 namespace py = pybind11;
@@ -35,6 +36,9 @@ py::dict candidate_dict(const topo::Candidate& c) {
   d["seconds"] = c.seconds;
   d["busbw"] = c.busbw;
   d["model"] = c.model;
+  d["tuner_seconds"] = c.tuner_seconds;
+  d["nccl_auto"] = c.nccl_auto;
+  d["confidence"] = c.confidence;
   return d;
 }
 
@@ -53,8 +57,10 @@ topo::Layout layout_arg(const topo::Topology& t, const CallArgs& a) {
 }
 
 CallArgs call_args(int per_node, int nodes, bool custom, bool nccl, bool host, const std::string& tuning,
-                   const std::vector<int>& gpus, const py::dict& why, const std::vector<std::string>& custom_algorithms) {
+                   const std::vector<int>& gpus, const py::dict& why, const std::vector<std::string>& custom_algorithms,
+                   int nccl_version) {
   CallArgs a;
+  a.avail.nccl_version = nccl_version;
   a.per_node = per_node;
   a.nodes = nodes;
   a.gpus = gpus;
@@ -162,8 +168,10 @@ void bind_topo(py::module_& m) {
       "topo_candidates",
       [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
          int nodes, bool custom, bool nccl, bool host, const std::string& tuning, const std::vector<int>& gpus,
-         const py::dict& why, const std::vector<std::string>& custom_algorithms, const std::string& host_algorithm) {
-        const CallArgs a = call_args(per_node, nodes, custom, nccl, host, tuning, gpus, why, custom_algorithms);
+         const py::dict& why, const std::vector<std::string>& custom_algorithms, const std::string& host_algorithm,
+         int nccl_version) {
+        const CallArgs a =
+            call_args(per_node, nodes, custom, nccl, host, tuning, gpus, why, custom_algorithms, nccl_version);
         py::list out;
         for (const auto& c : topo::candidates(t, layout_arg(t, a), coll_arg(coll), nbytes, dtype, a.avail,
                                               tuning_arg(a.tuning), host_algorithm)) {
@@ -175,13 +183,15 @@ void bind_topo(py::module_& m) {
       py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("custom") = true, py::arg("nccl") = true,
       py::arg("host") = true, py::arg("tuning") = "", py::arg("gpus") = std::vector<int>{},
       py::arg("why") = py::dict(), py::arg("custom_algorithms") = std::vector<std::string>{},
-      py::arg("host_algorithm") = "");
+      py::arg("host_algorithm") = "", py::arg("nccl_version") = 0);
   m.def(
       "topo_select",
       [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
          int nodes, bool custom, bool nccl, bool host, const std::string& requested, const std::string& tuning,
-         const std::vector<int>& gpus, const py::dict& why, const std::vector<std::string>& custom_algorithms) {
-        const CallArgs a = call_args(per_node, nodes, custom, nccl, host, tuning, gpus, why, custom_algorithms);
+         const std::vector<int>& gpus, const py::dict& why, const std::vector<std::string>& custom_algorithms,
+         int nccl_version) {
+        const CallArgs a =
+            call_args(per_node, nodes, custom, nccl, host, tuning, gpus, why, custom_algorithms, nccl_version);
         return candidate_dict(
             topo::select(t, layout_arg(t, a), coll_arg(coll), nbytes, dtype, a.avail, requested, tuning_arg(a.tuning)));
       },
@@ -189,7 +199,7 @@ void bind_topo(py::module_& m) {
       py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("custom") = true, py::arg("nccl") = true,
       py::arg("host") = true, py::arg("requested") = "auto", py::arg("tuning") = "",
       py::arg("gpus") = std::vector<int>{}, py::arg("why") = py::dict(),
-      py::arg("custom_algorithms") = std::vector<std::string>{});
+      py::arg("custom_algorithms") = std::vector<std::string>{}, py::arg("nccl_version") = 0);
   m.def(
       "topo_model_terms",
       [](const std::string& backend, const std::string& algorithm, const std::string& coll, int nranks,
@@ -203,6 +213,32 @@ void bind_topo(py::module_& m) {
   // GPUCOLL_ALGO's entry for one collective ("" when none), parsed by the host selector, its one reader.
   m.def("topo_algo_override", [](const std::string& coll) { return algo::algo_override(coll_arg(coll)); },
         py::arg("coll"));
+  m.def("topo_nccl_params", [](const std::string& tuning) {
+    py::dict d;
+    for (const auto& kv : topo::nccl_param_values(tuning_arg(tuning))) d[py::str(kv.first)] = kv.second;
+    return d;
+  }, py::arg("tuning") = "");
+  m.def(
+      "topo_nccl_net_terms",
+      [](const topo::Topology& t, const std::string& coll, int64_t nbytes, const std::string& dtype, int per_node,
+         int nodes, const std::string& tuning, int nccl_version) {
+        const topo::Layout lay = topo::make_layout(t, per_node, nodes);
+        const topo::NetTerms r =
+            topo::nccl_net_terms(t, lay, coll_arg(coll), static_cast<double>(nbytes), dtype, nccl_version,
+                                 tuning_arg(tuning));
+        py::dict d;
+        d["algorithm"] = r.algorithm;
+        d["protocol"] = r.protocol;
+        d["base_s"] = r.base_s;
+        d["net_steps"] = r.net_steps;
+        d["net_s"] = r.net_s;
+        return d;
+      },
+      py::arg("topology"), py::arg("coll"), py::arg("nbytes"), py::arg("dtype") = "float32",
+      py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("tuning") = "", py::arg("nccl_version") = 0);
+  m.def("topo_nccl_confidence", [](const topo::Topology& t, int per_node, int nodes) {
+    return topo::nccl_confidence(t, topo::make_layout(t, per_node, nodes));
+  }, py::arg("topology"), py::arg("nranks_per_node") = 0, py::arg("nodes") = 0);
   m.def("topo_busbw_factor", [](const std::string& coll, int n) { return topo::busbw_factor(coll_arg(coll), n); });
   m.def("topo_check_tuning", [](const std::string& text) { return topo::parse_tuning(text, "tuning").fits.size(); });
 }

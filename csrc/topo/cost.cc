@@ -9,49 +9,23 @@
 #include "algo/registry.h"
 #include "algo/selector.h"
 #include "core/error.h"
+#include "topo/links.h"
+#include "topo/nccl_model.h"
 
 namespace gpucoll::topo {
 
 namespace {
 
-// ---- Shipped defaults (each with its source) -----------------------------------------------------------------
-// NVLink lane rate, one direction: P100 160 GB/s over 4 links (gen 1, 20 GB/s), V100 300/6, A100 600/12,
-// H100 900/18 (gens 2-4, 25 GB/s), B200 1800/18 (gen 5, 50 GB/s) - NVIDIA's bidirectional product figures halved.
-double nvlink_lane_bw(int gen) { return gen >= 5 ? 50e9 : gen >= 2 ? 25e9 : 20e9; }
-// PCIe per lane, one direction, after 128b/130b encoding: gen 3 0.985, gen 4 1.969, gen 5 3.938 GB/s (PCI-SIG).
-double pcie_lane_bw(int gen) { return gen >= 5 ? 3.938e9 : gen == 4 ? 1.969e9 : gen == 3 ? 0.985e9 : 0.5e9; }
-// NCCL ring (Simple) on 8x H100 NV18 reaches ~370 GB/s busbw of the 450 GB/s per-direction NVLink rate
-// (NCCL docs/perf v2.32.3, /work/shared/FACTS.md): 0.82. Used for NCCL's ring on every class.
-constexpr double kNcclRingEff = 0.82;
-// NCCL NVLS (NVLink SHARP) allreduce on the same machine: 484 GB/s busbw (same source) = 1.075 x the link rate,
-// since the switch does the reduction.
-constexpr double kNcclNvlsEff = 484.0 / 450.0;
-// LL moves 4 bytes of data per 8-byte store with a flag; NCCL caps it far below Simple (tuning.cc llMaxBws).
-// Estimate, pending calibration: 0.35 of the link.
-constexpr double kNcclLLEff = 0.35;
+// ---- Our kernels and the host backend: shipped defaults (each with its source) ----------------------------------
 // Our P2P kernels (issue 5) have not been measured on a GPU yet: assume 0.6 of the link (vLLM's custom
 // allreduce loses to NCCL above ~8 MB on A100/H100, which is why its default max size is 8 MB). Estimate;
 // gpucoll-tune replaces it with a fit of gpucoll-bench --backend custom runs.
 constexpr double kCustomEff = 0.6;
-// Latencies in seconds. NCCL: src/graph/tuning.cc (2.1x-2.2x) base latency ring LL 6.6 us, Simple 8.4 us; per
-// step ("hwLat") ring LL over NVLink 0.6, PCI 1.0, NET 2.7 us; Simple 3.4, 5.7, 14 us. NVLS base: estimate.
-constexpr double kNcclBaseLL = 6.6e-6, kNcclBaseSimple = 8.4e-6, kNcclBaseNvls = 25e-6;
-double nccl_step_lat(LinkClass c, bool ll) {
-  if (c == LinkClass::kNET) return ll ? 2.7e-6 : 14e-6;
-  if (c == LinkClass::kNVL) return ll ? 0.6e-6 : 3.4e-6;
-  return ll ? 1.0e-6 : 5.7e-6;
-}
 // Our kernels: one launch (~4 us with the flag setup) and a flag handshake per step, ~1.5 us over NVLink and
 // ~3 us over PCIe (one round trip of a 4-byte write and poll). Estimates until measured.
 constexpr double kCustomLaunch = 4e-6;
 double custom_step_lat(LinkClass c) { return c == LinkClass::kNVL ? 1.5e-6 : 3e-6; }
-// Network: NIC line rate x 0.92 for IB/RoCE payload after headers (estimate, not measured here); 100 Gb/s
-// per host when no NIC or its speed is unknown (an assumption).
-constexpr double kNetEff = 0.92;
-constexpr double kDefaultNicGbps = 100;
-// Paths that cannot do P2P are staged through host memory (NCCL's SHM transport): each byte crosses PCIe twice
-// plus a host copy; 0.5 of the PCIe rate inside a socket, 0.4 across sockets. Estimates.
-constexpr double kStagedEff = 0.5, kStagedSysEff = 0.4;
+const char* const kCustomConfidence = "estimate: gpucoll's kernels have not been measured on a GPU yet";
 
 struct Counts {
   bool ok = false;
@@ -94,46 +68,6 @@ const Counts& counts(const std::string& name, algo::Coll coll, int nranks, int l
   return cache.emplace(key, c).first->second;
 }
 
-// When an importer could not see the PCIe generation: Hopper boards are PCIe gen 5, Ampere gen 4, older gen 3
-// (NVIDIA's H100/A100/V100 datasheets), x16 (every datacenter GPU's slot). When the NVLink generation is unknown
-// (infer_defaults could not tell it): gen 3, the A100's. Assumption, not a measurement.
-int pcie_gen_of(const Gpu& g) { return g.pcie_gen > 0 ? g.pcie_gen : g.cc_major >= 9 ? 5 : g.cc_major == 8 ? 4 : 3; }
-double pcie_bw(const Gpu& g) { return pcie_lane_bw(pcie_gen_of(g)) * (g.pcie_width > 0 ? g.pcie_width : 16); }
-int nvlink_gen_of(const Gpu& g) { return g.nvlink_gen > 0 ? g.nvlink_gen : 3; }
-
-// A GPU's total NVLink bandwidth: through NVSwitch the per-pair count is the GPU's lane count; in a direct mesh
-// the lanes to every peer add up.
-double gpu_nvlink_bw(const Topology& t, int g, const std::vector<int>& group) {
-  double sum = 0, sw = 0;
-  for (int p : group) {
-    if (p == g || t.link(g, p).cls != LinkClass::kNVL) continue;
-    const double bw = t.link(g, p).nvlinks * nvlink_lane_bw(nvlink_gen_of(t.gpus[g]));
-    if (t.link(g, p).nvswitch) sw = std::max(sw, bw);
-    else sum += bw;
-  }
-  return sw + sum;
-}
-
-LinkClass worst_class(const Topology& t, const std::vector<int>& group) {
-  LinkClass w = LinkClass::kSelf;
-  for (size_t i = 0; i < group.size(); ++i) {
-    for (size_t j = i + 1; j < group.size(); ++j) w = std::max(w, t.link(group[i], group[j]).cls);
-  }
-  return w;
-}
-
-double node_net_bw(const Topology& t, int host, std::string* note) {
-  double gbps = 0;
-  for (const Nic& n : t.nics) {
-    if (n.host == host) gbps += n.speed_gbps > 0 ? n.speed_gbps : kDefaultNicGbps;
-  }
-  if (gbps == 0) {
-    gbps = kDefaultNicGbps;
-    if (note) *note = "no NIC known on host " + std::to_string(host) + ": assumed one 100 Gb/s NIC";
-  }
-  return gbps / 8 * 1e9 * kNetEff;
-}
-
 int dtype_size(const std::string& d) {
   static const std::map<std::string, int> sizes = {
       {"float32", 4}, {"float", 4}, {"float16", 2}, {"half", 2}, {"bfloat16", 2}, {"float64", 8}, {"double", 8},
@@ -157,34 +91,6 @@ double busbw_factor(algo::Coll coll, int n) {
     case algo::Coll::kReduce: return 1.0;
     default: return static_cast<double>(n - 1) / n;
   }
-}
-
-double pair_bandwidth(const Topology& t, int a, int b) {
-  const Link& l = t.link(a, b);
-  const double pcie = std::min(pcie_bw(t.gpus[a]), pcie_bw(t.gpus[b]));
-  switch (l.cls) {
-    case LinkClass::kSelf: return 1e15;
-    case LinkClass::kNVL: return l.nvlinks * nvlink_lane_bw(std::min(nvlink_gen_of(t.gpus[a]), nvlink_gen_of(t.gpus[b])));
-    case LinkClass::kPIX:
-    case LinkClass::kPXB: return p2p_usable(t, a, b, nullptr) ? pcie : pcie * kStagedEff;
-    case LinkClass::kPHB:
-    case LinkClass::kNODE: return pcie * kStagedEff;
-    case LinkClass::kSYS: return pcie * kStagedSysEff;
-    case LinkClass::kNET: return 0;
-  }
-  return 0;
-}
-
-bool p2p_usable(const Topology& t, int a, int b, std::string* why) {
-  const Link& l = t.link(a, b);
-  std::string reason;
-  if (l.p2p == P2P::kFailed) reason = "P2P is reported but failed";
-  else if (l.p2p == P2P::kUnsupported) reason = "the driver reports no P2P access";
-  else if (l.cls > LinkClass::kPXB) reason = std::string("the path is ") + link_class_name(l.cls) +
-                                             " (P2P needs NVLink or a PCIe switch: PIX/PXB)";
-  if (reason.empty()) return true;
-  if (why) *why = "GPU " + std::to_string(a) + " and GPU " + std::to_string(b) + ": " + reason;
-  return false;
 }
 
 namespace {
@@ -251,6 +157,7 @@ void finish(const Ctx& x, Candidate& c, double launch, double step_lat, double b
   }
   c.usable = true;
   c.busbw = c.seconds > 0 ? x.S * busbw_factor(x.coll, x.lay.nranks()) / c.seconds : 0;
+  if (it != x.tuning.fits.end()) c.confidence = "tuned: " + it->second.source;
 }
 
 // Custom P2P kernels on one node: ring needs a ring of P2P hops, the others P2P between every pair.
@@ -258,6 +165,7 @@ Candidate custom(const Ctx& x, const std::string& name) {
   Candidate c;
   c.backend = "custom";
   c.algorithm = name;
+  c.confidence = kCustomConfidence;
   const int P = x.lay.nranks();
   const Counts& k = counts(name, x.coll, P, P);
   if (!k.ok) return c.reason = k.error, c;
@@ -306,117 +214,52 @@ Candidate custom(const Ctx& x, const std::string& name) {
   return c;
 }
 
-// Intra-node ring bandwidth NCCL reaches: with NVLink on every hop NCCL builds several rings over all links
-// (DGX-1's hybrid cube-mesh is covered by its ring search), so the GPU's total NVLink rate; else the bottleneck.
-double nccl_intra_bw(const Ctx& x, LinkClass* cls) {
-  const std::vector<int>& g = x.node0;
-  if (g.size() < 2) {
-    *cls = LinkClass::kNVL;
-    return 1e15;
-  }
-  const std::vector<int> ring = build_ring(x.t, g, false);
-  double bottleneck = 1e300;
-  bool all_nvl = true;
-  *cls = LinkClass::kSelf;
-  for (size_t i = 0; i < ring.size(); ++i) {
-    const int a = ring[i], b = ring[(i + 1) % ring.size()];
-    *cls = std::max(*cls, x.t.link(a, b).cls);
-    all_nvl = all_nvl && x.t.link(a, b).cls == LinkClass::kNVL;
-    bottleneck = std::min(bottleneck, pair_bandwidth(x.t, a, b));
-  }
-  if (!all_nvl) return bottleneck;
-  double total = 1e300;
-  for (int a : g) total = std::min(total, gpu_nvlink_bw(x.t, a, g));
-  return total;
-}
-
-void nccl(const Ctx& x, std::vector<Candidate>& out) {
-  const int P = x.lay.nranks();
-  std::string algorithm;
-  const Counts k = nccl_counts(x.coll, P, &algorithm);
-  LinkClass intra = LinkClass::kNVL;
-  const double intra_bw = nccl_intra_bw(x, &intra);
-  double bw = intra_bw;
-  LinkClass cls = intra;
-  if (x.lay.nodes > 1) {
-    bw = std::min(bw, node_net_bw(x.t, 0, nullptr));
-    cls = LinkClass::kNET;
-  }
-  for (bool ll : {true, false}) {
-    Candidate c;
-    c.backend = "nccl";
-    c.algorithm = algorithm;
-    c.protocol = ll ? "LL" : "Simple";
-    c.link_class = link_class_name(cls);
-    if (!k.ok) {
-      c.reason = k.error;
-    } else {
-      c.steps = k.steps;
-      c.bytes = k.per_byte * x.S;
-      finish(x, c, ll ? kNcclBaseLL : kNcclBaseSimple, nccl_step_lat(cls, ll), bw * (ll ? kNcclLLEff : kNcclRingEff));
-    }
-    out.push_back(c);
-  }
-  Candidate v;
-  v.backend = "nccl";
-  v.algorithm = "nvls";
-  v.protocol = "Simple";
-  v.link_class = "NVL";
-  const std::vector<int>& g = x.node0;
-  const bool switched = g.size() >= 2 && x.t.link(g[0], g[1]).nvswitch && worst_class(x.t, g) == LinkClass::kNVL;
-  if (x.coll != algo::Coll::kAllReduce && x.coll != algo::Coll::kAllGather && x.coll != algo::Coll::kReduceScatter) {
-    v.reason = "NVLS serves all_reduce, all_gather and reduce_scatter";
-  } else if (!switched || (x.t.gpus[g[0]].cc_major > 0 ? x.t.gpus[g[0]].cc_major < 9 : x.t.gpus[g[0]].nvlink_gen < 4)) {
-    // (nvidia-smi text carries no compute capability: NVLink gen 4+ through NVSwitch means Hopper or newer.)
-    v.reason = "NVLS needs NVSwitch and sm_90 or newer (NVLink SHARP)";
-  } else if (x.lay.nodes > 1) {
-    v.reason = "modelled for one node only (NCCL's NVLS_TREE across nodes is not modelled)";
-  } else {
-    v.steps = 2;
-    v.bytes = busbw_factor(x.coll, P) * x.S;
-    finish(x, v, kNcclBaseNvls, 0, gpu_nvlink_bw(x.t, g[0], g) * kNcclNvlsEff);
-  }
-  out.push_back(v);
-}
-
-// Two levels: ring reduce-scatter/all-gather inside each node (our P2P kernels, else NCCL), ring all_reduce
-// between nodes on 1/L of the data per rank (hierarchical.h). Phase steps and bytes follow that header's
-// formulas; their sums are checked against the checker's totals.
+// Two levels: ring reduce-scatter/all-gather inside each node (our P2P kernels), ring all_reduce between nodes on
+// 1/L of the data per rank (hierarchical.h). Phase steps and bytes follow that header's formulas; their sums are
+// checked against the checker's totals. The inter-node phase is priced by the NCCL model as L concurrent rings,
+// one per GPU and rail (one rank per node each, 1/L of the data), as NCCL itself would run them.
 Candidate hierarchical(const Ctx& x, bool custom_ok) {
   Candidate c;
   c.algorithm = "hierarchical";
+  c.backend = "custom+nccl";
+  c.confidence = kCustomConfidence;
   const int P = x.lay.nranks(), L = x.lay.local, N = x.lay.nodes;
   const Counts& k = counts("hierarchical", x.coll, P, L);
-  c.backend = "custom+nccl";
   if (!k.ok) return c.reason = k.error, c;
   if (N < 2) return c.reason = "a single node: nothing to split (the flat algorithms are the same schedule)", c;
   const int intra_steps = 2 * (L - 1), inter_steps = 2 * (N - 1);
   GPUCOLL_INTERNAL_CHECK(intra_steps + inter_steps == k.steps);
   // Our kernels take the intra-node phases only when the custom backend can and every node has P2P between all
   // its ranks' GPUs; otherwise NCCL runs the whole call (its own trees are two-level across nodes).
-  bool p2p = custom_ok;
-  for (int n = 0; n < N && p2p; ++n) {
-    for (int i = 0; i < L && p2p; ++i) {
-      for (int j = i + 1; j < L && p2p; ++j) {
-        p2p = p2p_usable(x.t, x.lay.gpus[static_cast<size_t>(n * L + i)], x.lay.gpus[static_cast<size_t>(n * L + j)],
-                         nullptr);
+  std::string why = custom_ok ? "" : "the custom backend cannot run the intra-node phases";
+  for (int n = 0; n < N && why.empty(); ++n) {
+    for (int i = 0; i < L && why.empty(); ++i) {
+      for (int j = i + 1; j < L && why.empty(); ++j) {
+        p2p_usable(x.t, x.lay.gpus[static_cast<size_t>(n * L + i)], x.lay.gpus[static_cast<size_t>(n * L + j)], &why);
       }
     }
   }
-  if (!p2p) c.backend = "nccl";
-  LinkClass intra_cls;
-  const double intra_bw = nccl_intra_bw(x, &intra_cls) * (p2p ? kCustomEff : kNcclRingEff);
-  const double net_bw = node_net_bw(x.t, 0, nullptr);
-  const double intra_bytes = 2.0 * (L - 1) / L * x.S, inter_bytes = 2.0 * (N - 1) / N * x.S / L;
+  if (!why.empty()) return c.reason = why + "; NCCL's own algorithms are two-level across nodes", c;
   c.link_class = "NET";
   c.steps = k.steps;
   c.bytes = k.per_byte * x.S;
-  finish(x, c, p2p ? kCustomLaunch : kNcclBaseSimple, 0, 0);
+  finish(x, c, kCustomLaunch, 0, 0);
   if (c.model == "default") {
-    // L ranks of a node run their inter-node rings at once and share the node's NICs: net_bw / L each.
-    c.seconds += intra_steps * (p2p ? custom_step_lat(intra_cls) : nccl_step_lat(intra_cls, false)) +
-                 intra_bytes / intra_bw + inter_steps * nccl_step_lat(LinkClass::kNET, false) +
-                 inter_bytes / (net_bw / L);
+    const LinkClass intra_cls = worst_class(x.t, x.node0);
+    double intra_bw = 1e300;
+    for (int g : x.node0) intra_bw = std::min(intra_bw, intra_cls == LinkClass::kNVL ? gpu_nvlink_bw(x.t, g, x.node0)
+                                                                                    : pcie_bw(x.t.gpus[g]));
+    std::vector<int> rail;
+    for (int n = 0; n < N; ++n) rail.push_back(x.lay.gpus[static_cast<size_t>(n * L)]);
+    const Layout inter = make_layout(x.t, N, 1, rail);
+    double inter_s = 0;
+    const int64_t esize = 4;
+    const double share = std::ceil(x.S / L / esize) * esize;
+    for (const Candidate& n : nccl_candidates(x.t, inter, algo::Coll::kAllReduce, share, "float32", 0, x.tuning)) {
+      if (n.nccl_auto) inter_s = n.seconds;
+    }
+    c.seconds += intra_steps * custom_step_lat(intra_cls) + 2.0 * (L - 1) / L * x.S / (intra_bw * kCustomEff) + inter_s;
+    c.model = "custom kernels (estimate) + NCCL model for the inter-node rings";
     c.busbw = x.S * busbw_factor(x.coll, P) / c.seconds;
   }
   return c;
@@ -427,6 +270,7 @@ Candidate host(const Ctx& x, const std::string& only) {
   c.backend = "host";
   c.algorithm = only;
   c.link_class = "SHM";
+  c.confidence = "estimate: host cost model measured on CPUs, the PCIe copies estimated";
   const int P = x.lay.nranks();
   if (x.lay.nodes > 1) return c.reason = "the host backend is shared memory on one node", c;
   const algo::CostParams cp = algo::host_cost_params();
@@ -501,9 +345,20 @@ std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Co
     }
     add(c, avail.custom, avail.custom_why, "custom");
   }
-  std::vector<Candidate> n;
-  nccl(x, n);
-  for (Candidate& c : n) add(c, avail.nccl, avail.nccl_why, "nccl");
+  for (Candidate& c : nccl_candidates(t, lay, coll, x.S, lower(dtype), avail.nccl_version, tuning)) {
+    // A gpucoll-tune fit of NCCL runs ("nccl:ring@NVL": NCCL's own choice, measured) replaces the model's time.
+    const auto fit = tuning.fits.find(c.backend + ":" + c.algorithm + "@" + c.link_class);
+    if (c.usable && fit != tuning.fits.end()) {
+      int steps = 0;
+      double per_byte = 0;
+      if (model_terms("nccl", c.algorithm, coll, lay.nranks(), lay.local, &steps, &per_byte)) {
+        c.seconds = steps * fit->second.a_s + per_byte * x.S * fit->second.b_s_per_byte;
+        c.model = "tuned " + fit->first + " (" + fit->second.source + ")";
+      }
+    }
+    if (c.usable) c.busbw = c.seconds > 0 ? x.S * busbw_factor(coll, lay.nranks()) / c.seconds : 0;
+    add(c, avail.nccl, avail.nccl_why, "nccl");
+  }
   if (coll == algo::Coll::kAllReduce) {
     add(hierarchical(x, avail.custom && implemented("hierarchical")), avail.nccl, avail.nccl_why, "nccl");
   }

@@ -1,12 +1,12 @@
 // Topology-aware cost model: which backend and algorithm serve a collective fastest on a given wiring.
 //
-// Like NCCL's src/graph/tuning.cc, every candidate is priced as  launch + steps * a(class) + bytes / bw(class):
-// steps and the busiest rank's bytes come from the schedule checker (algo/checker.h, the one source of truth
-// for traffic), a and bw from the link class the pattern crosses (NVLink by generation and lane count, PCIe by
-// generation and width, staged host memory, network). Shipped defaults are in cost.cc, each with its source; a
-// tuning file (GPUCOLL_TUNING_FILE, written by gpucoll-tune from gpucoll-bench results) replaces them per
-// (backend, algorithm, link class). The host backend's own selection for CPU buffers (algo/selector.h) is not
-// changed by any of this.
+// Our kernels are priced as  launch + steps * a(class) + bytes / bw(class): steps and the busiest rank's bytes come
+// from the schedule checker (algo/checker.h, the one source of truth for traffic), a and bw from the link class
+// the pattern crosses (links.h). NCCL is priced by a model of NCCL itself (nccl_model.h): its tuner's pick among
+// ring/tree/NVLS x LL/LL128/Simple and an execution model fitted to published nccl-tests results. A tuning file
+// (GPUCOLL_TUNING_FILE, written by gpucoll-tune from gpucoll-bench results) replaces a and b per (backend,
+// algorithm, link class) and the NCCL model's parameters by name. The host backend's own selection for CPU
+// buffers (algo/selector.h) is not changed by any of this.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,9 @@ struct Backends {
   // oneshot, twoshot, ring, tree and hierarchical (it can run the intra-node phases of the two-level
   // all_reduce). Empty: everything the model prices.
   std::vector<std::string> custom_algorithms;
+  // The NCCL the ranks load, as ncclGetVersion says (22105 for 2.21.5); its P2P rule changed in 2.23 (links.h).
+  // 0: unknown, NCCL >= 2.23's rules.
+  int nccl_version = 0;
 };
 
 // One fitted line of a tuning file: time = steps * a + bytes * b.
@@ -53,7 +56,9 @@ struct Fit {
   std::string source;
 };
 struct Tuning {
-  std::map<std::string, Fit> fits;  // key "backend:algorithm@CLASS", e.g. "nccl:ring@NVL"
+  std::map<std::string, Fit> fits;  // key "backend:algorithm@CLASS", e.g. "custom:ring@NVL"
+  // The NCCL execution model's parameters by name (nccl_model.h NcclParams), e.g. "net_latency_s", "eta_net".
+  std::map<std::string, double> nccl_model;
   std::string path;
 };
 Tuning parse_tuning(const std::string& json_text, const std::string& what);
@@ -63,7 +68,7 @@ const Tuning& active_tuning();
 struct Candidate {
   std::string backend;     // custom, nccl, host, custom+nccl
   std::string algorithm;   // oneshot, twoshot, ring, tree, nvls, direct, hierarchical, or the host algorithm
-  std::string protocol;    // NCCL's LL/Simple where it matters, else ""
+  std::string protocol;    // NCCL's LL/LL128/Simple, else ""
   std::string link_class;  // class of the slowest hop: NVL, PIX, PXB, PHB, NODE, SYS, NET, SHM
   bool usable = false;
   std::string reason;      // why not, when !usable
@@ -72,6 +77,11 @@ struct Candidate {
   double seconds = 0;
   double busbw = 0;        // bytes/s, nccl-tests' definition
   std::string model;       // "default" or the tuning-file entry used
+  // NCCL candidates: NCCL's own estimate (its tuner ranks by it) and whether its tuner picks this one - NCCL,
+  // not gpucoll, chooses its algorithm, so only that one competes in auto selection.
+  double tuner_seconds = 0;
+  bool nccl_auto = false;
+  std::string confidence;  // how sure the model is: "calibrated: ...", "validated: ...", "extrapolated: ..."
 };
 
 // Every candidate for the call, usable or not (with reasons), in a fixed order. The host candidate is the host
@@ -86,9 +96,10 @@ std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Co
 Candidate select(const Topology& t, const Layout& lay, algo::Coll coll, int64_t nbytes, const std::string& dtype,
                  const Backends& avail, const std::string& requested, const Tuning& tuning);
 
-// One-direction bandwidth between two GPUs of one host in bytes/s (raw link rate, before efficiency).
+// One-direction bandwidth between two GPUs of one host in bytes/s (raw link rate, before efficiency; links.cc).
 double pair_bandwidth(const Topology& t, int a, int b);
-// Whether P2P kernels may use the pair: NVLink, PIX or PXB (NCCL's default P2P level), not refused or failed.
+// Whether P2P kernels may use the pair: NVLink, PIX or PXB (NCCL's default P2P level), not refused or failed,
+// and not a GeForce board's PCIe path whose P2P status is unknown (the driver disables it).
 bool p2p_usable(const Topology& t, int a, int b, std::string* why);
 // The ring gpucoll would build over `gpus`: the cycle with the largest bottleneck bandwidth (exhaustive up to 10
 // GPUs, else in index order); only P2P-usable hops when require_p2p (empty when no such cycle exists).

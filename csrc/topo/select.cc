@@ -1,5 +1,6 @@
 // Choosing among the cost model's candidates (cost.cc): layouts, rings, tuning files and the request rules.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "topo/cost.h"
 #include "topo/json.h"
+#include "topo/nccl_model.h"
 
 namespace gpucoll::topo {
 
@@ -112,7 +114,10 @@ Tuning parse_tuning(const std::string& text, const std::string& what) {
   const Json root = Json::parse(text, what);
   Tuning t;
   t.path = what;
-  const Json& fits = root.at("fits", what);
+  const Json* fits_p = root.get("fits");
+  GPUCOLL_CHECK_ARG(fits_p != nullptr || root.get("nccl_model") != nullptr, what, ": expected \"fits\" or \"nccl_model\"");
+  static const Json kNoFits = Json::object();
+  const Json& fits = fits_p != nullptr ? *fits_p : kNoFits;
   for (const auto& kv : fits.items()) {
     const std::string w = what + ": fits." + kv.first;
     Fit f;
@@ -122,6 +127,18 @@ Tuning parse_tuning(const std::string& text, const std::string& what) {
     const Json* src = kv.second.get("source");
     f.source = src ? src->as_string(w + ".source") : what;
     t.fits[kv.first] = f;
+  }
+  // The NCCL execution model's parameters by name (nccl_model.h), e.g. {"net_latency_s": 9e-5, "eta_net": 0.8}.
+  if (const Json* m = root.get("nccl_model")) {
+    const std::vector<std::string> names = nccl_param_names();
+    for (const auto& kv : m->items()) {
+      const std::string w = what + ": nccl_model." + kv.first;
+      GPUCOLL_CHECK_ARG(std::find(names.begin(), names.end(), kv.first) != names.end(), w,
+                        ": not a parameter of the NCCL model");
+      const double v = kv.second.as_number(w);
+      GPUCOLL_CHECK_ARG(v >= 0 && std::isfinite(v), w, ": must be a finite number >= 0");
+      t.nccl_model[kv.first] = v;
+    }
   }
   return t;
 }
@@ -160,22 +177,30 @@ Candidate select(const Topology& t, const Layout& lay, algo::Coll coll, int64_t 
   const std::string want_a = colon == std::string::npos ? req : req.substr(colon + 1);
   const std::string host_algorithm = want_b == "host" ? want_a : "";
   const std::vector<Candidate> all = candidates(t, lay, coll, nbytes, dtype, avail, tuning, host_algorithm);
+  // NCCL chooses its own algorithm and protocol: among the NCCL candidates a request admits, only the one NCCL's
+  // tuner ranks first runs (NCCL_ALGO narrows NCCL's choice the same way), so it alone competes on time.
+  auto matches = [&](const Candidate& c) {
+    if (any) return true;
+    return colon != std::string::npos ? (c.backend == want_b && c.algorithm == want_a)
+                                       : (c.backend == want_a || (c.backend != "host" && c.algorithm == want_a));
+  };
+  const Candidate* nccl_pick = nullptr;
+  for (const Candidate& c : all) {
+    if (c.backend == "nccl" && c.usable && matches(c) &&
+        (nccl_pick == nullptr || c.tuner_seconds < nccl_pick->tuner_seconds)) {
+      nccl_pick = &c;
+    }
+  }
   const Candidate* best = nullptr;
   std::string reasons, names;
   for (const Candidate& c : all) {
     const std::string full = c.backend + ":" + c.algorithm;
     if (names.find(full) == std::string::npos) names += (names.empty() ? "" : ", ") + full;
-    if (any) {
-      if (!c.usable) reasons += (reasons.empty() ? "" : "; ") + full + ": " + c.reason;
-      if (c.usable && (best == nullptr || c.seconds < best->seconds)) best = &c;
-      continue;
-    }
-    const bool match = colon != std::string::npos ? (c.backend == want_b && c.algorithm == want_a)
-                                                  : (c.backend == want_a || (c.backend != "host" && c.algorithm == want_a));
-    if (!match) continue;
+    if (!matches(c)) continue;
     if (!c.usable) {
-      reasons += (reasons.empty() ? "" : "; ") + full + (c.protocol.empty() ? "" : "/" + c.protocol) + ": " + c.reason;
-    } else if (best == nullptr || c.seconds < best->seconds) {
+      const std::string r = full + (c.protocol.empty() || any ? "" : "/" + c.protocol) + ": " + c.reason;
+      if (reasons.find(r) == std::string::npos) reasons += (reasons.empty() ? "" : "; ") + r;
+    } else if ((c.backend != "nccl" || &c == nccl_pick) && (best == nullptr || c.seconds < best->seconds)) {
       best = &c;
     }
   }

@@ -83,7 +83,8 @@ def test_p2p_reported_but_failing():
     assert sel.choose("all_reduce", 8).backend == "custom"
     sel.mark_p2p_failed([(2, 5)])  # the cache is dropped: the next call sees the failure
     for s, c in table(sel).items():
-        assert c.backend != "custom", (s, c)
+        # Kernels that touch every pair are out; a ring may still run, around the failed pair.
+        assert c.backend != "custom" or c.algorithm == "ring", (s, c)
     with pytest.raises(InvalidArgument, match=r"oneshot needs working P2P.*GPU 2 and GPU 5: P2P is reported but "
                                               r"failed.*rank 2: GPU2"):
         sel.choose("all_reduce", 1024, algo="oneshot")
@@ -91,11 +92,12 @@ def test_p2p_reported_but_failing():
 
 def test_multi_node_hierarchical():
     tab = table(selector("h100_2node_16x.json"))
-    for s, c in tab.items():
-        assert c.algorithm == "hierarchical" and c.backend == "custom+nccl", (s, c)
+    # Across nodes: our two-level algorithm where the model prices it faster, NCCL's own pick elsewhere.
+    assert {c.backend for c in tab.values()} == {"custom+nccl", "nccl"}, tab
+    assert all(c.algorithm == "hierarchical" for c in tab.values() if c.backend == "custom+nccl")
     # A custom backend that cannot run the intra-node phases leaves the whole call to NCCL.
     sel = selector("h100_2node_16x.json", avail=Availability(nccl=True, custom=True, custom_algorithms=("oneshot",)))
-    assert {(c.backend, c.algorithm) for c in table(sel).values()} == {("nccl", "hierarchical")}
+    assert {c.backend for c in table(sel).values()} == {"nccl"}
     with pytest.raises(InvalidArgument, match="inside one node"):
         sel.choose("all_reduce", 1 << 20, algo="oneshot")
 

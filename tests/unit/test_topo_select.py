@@ -66,8 +66,12 @@ def test_no_p2p_kernels_without_p2p_everywhere(name):
 def test_p2p_reported_but_failing():
     t = load("h100_8x_nvsmi.txt")
     t.set_p2p(2, 5, "failed")
+    ring = T.ring(t, range(8), require_p2p=True)
+    hops = {frozenset((ring[i], ring[(i + 1) % 8])) for i in range(8)}
+    assert frozenset((2, 5)) not in hops
     for s, c in table(t).items():
-        assert c["backend"] != "custom", (s, c)
+        # Kernels that touch every pair are out; a ring may run, around the failed pair.
+        assert c["backend"] != "custom" or c["algorithm"] == "ring", (s, c)
     with pytest.raises(InvalidArgument, match=r"oneshot.*GPU 2 and GPU 5: P2P is reported but failed"):
         T.select(t, "all_reduce", 1024, algo="oneshot")
 
@@ -80,11 +84,21 @@ def test_subset_of_gpus_on_pcie_box_can_use_p2p():
 
 def test_across_nodes_hierarchical():
     t = load("h100_2node_16x.json")
+    picked = set()
     for s, c in table(t).items():
-        assert c["algorithm"] == "hierarchical", (s, c)
-        assert c["backend"] in ("custom+nccl", "nccl")
+        # Across nodes: our two-level algorithm or what NCCL's tuner picks, whichever the model prices faster.
+        cands = [x for x in T.candidates(t, "all_reduce", s) if x["usable"]]
+        contenders = [x for x in cands if x["algorithm"] == "hierarchical" or x["nccl_auto"]]
+        assert {x["backend"] for x in cands} <= {"custom+nccl", "nccl"}, s
+        assert c["seconds"] == min(x["seconds"] for x in contenders), (s, c)
+        picked.add(c["algorithm"])
+    assert "hierarchical" in picked and picked - {"hierarchical"}, picked
     rep = T.replicate(load("pcie_4x_nvsmi.txt"), 2)
-    assert T.select(rep, "all_reduce", 1 << 20)["algorithm"] == "hierarchical"
+    assert T.select(rep, "all_reduce", 1 << 20, nranks_per_node=2)["algorithm"] == "hierarchical"
+    # Without P2P inside the nodes our kernels cannot take the intra-node phases: NCCL runs the whole call.
+    h = next(x for x in T.candidates(T.replicate(load("pcie_2x_nvsmi.txt"), 2), "all_reduce", 1 << 20)
+         if x["algorithm"] == "hierarchical")
+    assert not h["usable"] and "NCCL's own algorithms are two-level" in h["reason"]
     with pytest.raises(InvalidArgument, match="inside one node"):
         T.select(t, "all_reduce", 1 << 20, algo="twoshot")
 
@@ -142,7 +156,8 @@ def test_topo_cli(capsys):
     assert "topology JSON" in capsys.readouterr().err
     assert topo_cli.main(["--from-nvidia-smi", str(FIX / "pcie_4x_nvsmi.txt"), "--nodes", "2",
                           "--nranks-per-node", "2"]) == 0
-    assert "hierarchical" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "NCCL model here: extrapolated: multi-node" in out and "unknown speed" in out
     assert topo_cli.main([]) == 0  # detection here
 
 
