@@ -247,8 +247,10 @@ Timed execute(const Graph& g, algo::Coll coll, int a, int p, const Entry& e, dou
   Timed r;
   double net_cap = 0;
   if (g.N > 1) {
-    // What crosses a node's NICs per byte of algorithm bandwidth: a ring's bus bytes; a tree's or NVLS-tree's
-    // message once each way, twice for interior nodes of a tree over more than two nodes.
+    // The NICs at eta_net of their rate bound a ring's and a tree's bus bandwidth alike: on two nodes the tree
+    // sends the message across only once each way, yet published two-node runs show no more than a ring's
+    // figure (nccl#1221, nccl-tests#175). NVLS-tree moves the message once each way, twice for the interior
+    // nodes of a tree over more than two nodes (NCCL 2.21.5 halves its network bandwidth there).
     net_cap = a == kRing ? prm.eta_net * g.net * g.P / e.nsteps
               : a == kTree ? prm.eta_net * g.net / (2.0 * (g.P - 1) / g.P)
                            : prm.eta_net * g.net / (g.N > 2 ? 2 : 1);
