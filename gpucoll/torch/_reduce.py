@@ -81,6 +81,8 @@ class ReduceMixin:
             opts = c10d.AllreduceOptions()
         if self._delegate(tensors):
             return self._cpu_backend.allreduce(tensors, opts)
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+            return self._allreduce_sparse(tensors[0], opts.reduceOp)
         if len(tensors) == 1:
             # asyncOp (torch >= 2.7) is False when the caller waits at once: then the worker thread gains nothing.
             return self._allreduce_one("all_reduce", tensors[0], opts.reduceOp, getattr(opts, "asyncOp", True))
@@ -115,6 +117,34 @@ class ReduceMixin:
             comm.all_reduce(flat, op="sum" if gop == "premul_sum" else gop)
 
         return self._worker.submit(job, [tensor])
+
+    def _allreduce_sparse(self, t, op) -> Work:
+        """A sparse COO all_reduce (SUM, CPU), as gloo does it: every rank's indices and values are gathered and the
+        sum is their coalesced concatenation in rank order; the result replaces `t`."""
+        what = "all_reduce (sparse)"
+        if _op_name(op) != "SUM" or t.device.type != "cpu":
+            raise Unsupported(f"{what}: gpucoll reduces sparse COO tensors with SUM on CPU; got ReduceOp."
+                              f"{_op_name(op)} on {t.device}")
+        self._drain()
+        if self._p2p:
+            self._flush_p2p()
+        comm = self.communicator("cpu")
+        s = t.coalesce()
+        idx, val = s.indices(), s.values()
+        counts = comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64)).tolist()
+        most = max(counts)
+        pad_idx = torch.zeros(idx.shape[0], most, dtype=torch.int64)
+        pad_idx[:, :idx.shape[1]] = idx
+        pad_val = torch.zeros((most, *val.shape[1:]), dtype=val.dtype)
+        pad_val[:val.shape[0]] = val
+        all_idx = comm.all_gather(pad_idx.reshape(-1)).view(self.size(), idx.shape[0], most)
+        all_val = comm.all_gather(self._bytes(pad_val.contiguous()).view(torch.uint8))
+        all_val = all_val.view(self.size(), -1).view(val.dtype).view(self.size(), most, *val.shape[1:])
+        total = torch.sparse_coo_tensor(torch.cat([all_idx[r, :, :c] for r, c in enumerate(counts)], dim=1),
+                                        torch.cat([all_val[r, :c] for r, c in enumerate(counts)]),
+                                        t.shape).coalesce()
+        t.copy_(total)
+        return Work([t])
 
     def _allreduce_list(self, tensors, op) -> Work:
         # torch's (gloo's) meaning of several tensors: every tensor of every rank is reduced into all of them.
