@@ -5,7 +5,8 @@ The tests are the ones tests/distributed/torch_suite_gloo_passes.txt lists (writ
 reason). They run on long-lived ranks (tests/torch_suite.py): two processes for the whole list, not two per test as
 upstream's runner spawns. A test gated to gloo by name inside the suite runs anyway (gpucoll stands in for gloo).
 
-What gpucoll does not pass yet is marked xfail(strict) with the reason, so a fix shows up as an unexpected pass.
+What gpucoll does not pass yet is marked xfail with the reason (strict where it fails every time, so that a fix shows
+up as an unexpected pass).
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ GAPS = {
     "test_barrier_timeout_full_group": "the suite matches gloo's wording (' Timed out ', ' closed ', ' timeout ') in "
                                        "the error; gpucoll's timeout error says 'timed out after 1 s waiting for ...'",
     "test_accumulate_gradients_no_sync_allreduce_hook": "gradients differ from the local model's after no_sync with "
-                                                        "torch's allreduce_hook: not diagnosed yet",
+                                                        "a DDP comm hook: not diagnosed yet",
     "test_accumulate_gradients_no_sync_allreduce_with_then_hook": "as test_accumulate_gradients_no_sync_allreduce_hook",
 }
+# Of those, the ones that fail in some runs and pass in others (seen here: with_then_hook failed in the full run
+# and passed alone): not strict, so CI does not hinge on the order of threads, until they are understood.
+INTERMITTENT = {"test_accumulate_gradients_no_sync_allreduce_hook",
+                "test_accumulate_gradients_no_sync_allreduce_with_then_hook"}
 
 
 CATALOG: dict = {}
@@ -51,7 +56,7 @@ def test_list_is_the_suites(results):
     assert set(GAPS) <= set(NAMES), sorted(set(GAPS) - set(NAMES))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GAPS[n]))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=n not in INTERMITTENT, reason=GAPS[n]))
                                   if n in GAPS else n for n in NAMES])
 def test_passes_on_gpucoll(results, name):
     status, detail = results[name]
