@@ -244,7 +244,9 @@ def _ops_worker(rank, n):
         ins = [inp((3,), "int32") + j for j in range(n)]
         dist.all_to_all(outs, ins, group=g)
         return outs
-    check("all_to_all lists", f)
+    # against the values themselves: gloo in torch 2.11 has no list all_to_all
+    check("all_to_all lists", f,
+          expected=lambda: [_values((3,), "int32", "SUM", j, seed[0], rank) + rank for j in range(n)])
 
     def f(g):  # tensors of different sizes (gloo refuses them): rank i sends i + j + 1 elements to rank j
         outs = [torch.zeros(j + rank + 1, dtype=torch.int32) for j in range(n)]
@@ -611,17 +613,29 @@ def test_premul_factor_without_the_factor_property():
 
 
 def test_group_answers_torchs_backend_lookup():
-    """init_process_group(device_id=cuda:i) reads pg._get_backend(device_id).supports_splitting and new_group looks
-    for a split source: the gpucoll group answers for cpu and cuda itself and declines splitting."""
+    """init_process_group(device_id=cuda:i) reads pg._get_backend(device_id).supports_splitting and new_group and
+    split_group look for a split source: the gpucoll group answers for cpu and cuda itself and splits into a new
+    gpucoll group (torch's split_group needs a CUDA device bound to the default group, so it is called directly
+    here, as torch calls it)."""
     from torch.distributed.distributed_c10d import _get_split_source
 
+    from gpucoll.errors import InvalidArgument
     from gpucoll.torch.process_group import ProcessGroupGpucoll
 
     pg = ProcessGroupGpucoll(dist.HashStore(), 0, 1, timeout=10.0)
     try:
         for device in (torch.device("cuda", 0), torch.device("cuda"), torch.device("cpu"), "cuda:1"):
             assert pg._get_backend(device) is pg
-        assert pg._get_backend(torch.device("cuda", 0)).supports_splitting is False
+        assert pg._get_backend(torch.device("cuda", 0)).supports_splitting is True
+        child = pg.split_group([0], timeout=None, opts=None, group_name="child-0", group_desc="split")
+        assert isinstance(child, ProcessGroupGpucoll) and child.group_name == "child-0" and child.size() == 1
+        assert child.group_desc == "split"
+        x = torch.arange(3)
+        child.allreduce([x]).wait()
+        assert x.tolist() == [0, 1, 2]
+        child.shutdown()
+        with pytest.raises(InvalidArgument, match="split_group"):
+            pg.split_group([0, 3], group_name="bad")
         # what inductor's comm estimate, FSDP2's allocator and _time_estimator read off the answer
         backend = pg._get_backend(torch.device("cuda"))
         assert backend.supports_time_estimate is False and backend.supports_tensor_alloc(torch.device("cuda")) is False
@@ -631,7 +645,7 @@ def test_group_answers_torchs_backend_lookup():
         with pytest.raises(RuntimeError, match="No backend type associated with device type meta"):
             pg._get_backend(torch.device("meta"))
         pg.bound_device_id = torch.device("cuda", 0)
-        assert _get_split_source(pg) is None
+        assert _get_split_source(pg) is pg
     finally:
         pg.shutdown()
 
