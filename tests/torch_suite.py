@@ -95,6 +95,8 @@ def _run_one(Suite, dt, dist, skips, rank, world_size, name, file_name, force):
     import datetime
     import unittest
 
+    from torch.testing._internal import common_utils
+
     fn = getattr(Suite, name, None)
     if fn is None:
         return FAIL, f"the suite has no test {name!r}"
@@ -112,6 +114,7 @@ def _run_one(Suite, dt, dist, skips, rank, world_size, name, file_name, force):
         self._barrier()
         if dt.BACKEND == "gpucoll" and name in CPU_PATH_BY_NAME:
             dt.BACKEND = "gloo"
+        common_utils.set_rng_seed()  # as MultiProcessTestCase.run_test does before each test (the ranks agree)
         fn(self)
     except unittest.SkipTest as e:
         status, detail = SKIP, str(e)
@@ -280,7 +283,8 @@ def main(argv=None) -> int:
     if args.write and not args.only:
         with open(PASSES_FILE, "w") as f:
             f.write("# torch's DistributedTest suite (torch/testing/_internal/distributed/distributed_test.py): the tests "
-                    "gloo passes\n# on CPU at world size 2 here, '<world size> <test>' (tests/torch_suite.py --write, "
+                    "gloo passes\n# on CPU here (world size 2, and 4 for the tests that need it), '<world size> <test>' "
+                    "(tests/torch_suite.py --write, "
                     f"torch {__import__('torch').__version__}). CI runs each on\n# gpucoll "
                     "(tests/distributed/test_torch_suite.py); the ones gpucoll does not pass yet are listed there, "
                     "with why.\n")
