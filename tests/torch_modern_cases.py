@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import threading
+import time
 import traceback
 
 STEPS = 20
@@ -38,12 +40,19 @@ def _count_gpucoll_calls() -> None:
     if getattr(PG, "_counting", False):
         return
     PG._counting = True
+    depth = threading.local()  # only calls from outside count (a coalesced method calls the single one per tensor)
     for name in _COUNTED:
         fn = getattr(PG, name)
 
         def wrapper(self, *args, _fn=fn, _name=name, **kwargs):
-            _COUNTS[_name] += 1
-            return _fn(self, *args, **kwargs)
+            level = getattr(depth, "n", 0)
+            if level == 0:
+                _COUNTS[_name] += 1
+            depth.n = level + 1
+            try:
+                return _fn(self, *args, **kwargs)
+            finally:
+                depth.n = level
 
         setattr(PG, name, functools.wraps(fn)(wrapper))
 
@@ -136,7 +145,8 @@ def case_compiled(ctx):
     compiled(x)  # compiles
     before = sum(_COUNTS.values())
     got = [compiled(x), compiled(x + 1)]
-    return {"values": got, "eager": [step(x), step(x + 1)], "gpucoll_calls": sum(_COUNTS.values()) - before}
+    calls = sum(_COUNTS.values()) - before
+    return {"values": got, "eager": [step(x), step(x + 1)], "gpucoll_calls": calls}
 
 
 def case_mesh(ctx):
@@ -182,7 +192,7 @@ def _train(torch, model, steps, rank, lr=0.05, same_batch=False, dtype=None, row
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for step in range(steps):
-        x, y = _batch(torch, rank, step, rows, cols, out, same=same_batch)
+        x, y = _batch(torch, rank, step % 2, rows, cols, out, same=same_batch)  # two batches per rank, again and again
         if dtype is not None:
             x = x.to(dtype)
         loss = torch.nn.functional.mse_loss(model(x).float(), y)
@@ -422,8 +432,9 @@ def run_cases(rank, n, backend, names, workdir):
     ctx.torch, ctx.dist, ctx.fc, ctx.rank, ctx.n, ctx.workdir = torch, dist, fc, rank, n, workdir
     ctx.mesh1d = init_device_mesh("cpu", (n,))
     ctx.mesh2d = init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("dp", "tp")) if n == 4 else None
-    out, counts = {}, {}
+    out, counts, seconds = {}, {}, {}
     for name in names:
+        t0 = time.monotonic()
         before = sum(_COUNTS.values())
         try:
             out[name] = CASES[name](ctx)
@@ -431,4 +442,5 @@ def run_cases(rank, n, backend, names, workdir):
             out[name] = "ERROR: " + traceback.format_exc()
         counts[name] = sum(_COUNTS.values()) - before
         dist.barrier()
-    return {"results": out, "gpucoll_calls": counts, "torch": torch.__version__}
+        seconds[name] = time.monotonic() - t0
+    return {"results": out, "gpucoll_calls": counts, "seconds": seconds, "torch": torch.__version__}

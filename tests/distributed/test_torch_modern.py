@@ -108,15 +108,18 @@ def test_matches_gloo(backend, n, case):
 @pytest.mark.parametrize("backend,n", VARIANTS, ids=[f"{b}-world{n}" for b, n in VARIANTS])
 def test_backend_specific(backend, n):
     """What is gpucoll's own: the groups torch made are gpucoll's, with names; the compiled graph's collectives ran
-    on gpucoll (counted at gpucoll's process group: 3 collectives x 2 calls)."""
+    on gpucoll (counted where torch enters gpucoll's process group: 3 collectives x 2 calls of the compiled
+    function); training losses went down."""
     ours = _run(backend, n)
     for rank in range(n):
         res = ours[rank]["results"]
         assert res["mesh"]["backend"] == ["ProcessGroupGpucoll"], res["mesh"]
         assert res["groups"]["default_backend"] == backend and res["groups"]["new_group_backend"] == backend
         assert res["groups"]["new_group_resolves"] is True and res["groups"]["destroyed_unregistered"] is True
-        assert res["compiled"]["gpucoll_calls"] >= 6, res["compiled"]
+        assert res["compiled"]["gpucoll_calls"] == 6, res["compiled"]
         assert all(x is True for x in res["dcp"]["changed"]), "the loaded model kept its own parameters"
+        for losses in [run["losses"] for run in res["fsdp2"].values()] + [res["tp"]["losses"]]:
+            assert sum(losses[-2:]) < sum(losses[:2]), losses  # each rank cycles through two batches
 
 
 def test_torch_version_recorded():
@@ -139,7 +142,7 @@ def _timeout_worker(rank, n, backend):
     x = torch.ones(4)
     dist.all_reduce(x)  # both ranks: the group works
     if rank == 1:
-        time.sleep(12)  # never joins the next all_reduce: rank 0 must give up after its 2 s timeout
+        time.sleep(8)  # never joins the next all_reduce: rank 0 must give up after its 2 s timeout
         return None
     t0 = time.monotonic()
     try:
@@ -152,8 +155,9 @@ def _timeout_worker(rank, n, backend):
 @pytest.mark.parametrize("backend", ["gpucoll", "gloo"])
 def test_init_timeout_honoured(backend):
     """init_process_group(timeout=2 s): a peer that stops taking part makes the collective raise within the timeout,
-    not after torch's default 30 minutes (checked against the 12 s the peer stays away). gloo alongside, as the
+    not after torch's default 30 minutes (checked against the 8 s the peer stays away). gloo alongside, as the
     reference."""
     err = torch_ranks.run(_timeout_worker, 2, backend, backend=None, timeout=120.0)[0]
     assert err is not None and err[0] != "no error", err
-    assert err[1] < 10.0, err
+    assert err[1] < 7.0, err
+    print(f"{backend}: {err[0]} after {err[1]:.1f} s")
