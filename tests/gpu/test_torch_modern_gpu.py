@@ -64,3 +64,29 @@ def test_fsdp2_and_dtensor_on_cuda_match_gloo_on_cpu():
         for name, tol in (("fp32", 1e-4), ("bf16", 2e-2)):
             diff = max(abs(a - b) for a, b in zip(ours[rank][name], ref[rank][name]))
             assert diff <= tol, f"rank {rank} {name}: losses differ from gloo's by up to {diff:.3g}"
+
+
+def _split_worker(rank, n):
+    import torch
+    import torch.distributed as dist
+
+    import gpucoll.torch
+
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    dist.init_process_group("gpucoll", device_id=dev)  # split_group needs the default group bound to a device
+    sub = dist.split_group(split_ranks=[list(range(n))])
+    x = torch.arange(4, device=dev) * (rank + 1)
+    dist.all_reduce(x, group=sub)
+    return {"type": type(sub).__name__, "is_gpucoll": isinstance(sub, gpucoll.torch.ProcessGroupGpucoll),
+            "name_resolves": dist.distributed_c10d._resolve_process_group(sub.group_name) is sub,
+            "sum": x.cpu().tolist()}
+
+
+def test_split_group_on_cuda():
+    """torch's split_group (CUDA groups bound to a device, as torch requires): a named gpucoll group that works."""
+    _skip_unless_ranks()
+    res = torch_ranks.run(_split_worker, N_RANKS, backend=None, env=_env(), timeout=300.0)
+    want = [i * sum(r + 1 for r in range(N_RANKS)) for i in range(4)]
+    for out in res:
+        assert out["is_gpucoll"] and out["name_resolves"] and out["sum"] == want, out
