@@ -143,7 +143,11 @@ class Pool:
         self.catalog = None
         self.procs = []
         self.temp = None
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # the ranks that did start, and the temporary directory
+            raise
 
     def _start(self) -> None:
         import torch_ranks

@@ -15,6 +15,7 @@ losses and parameters are compared with a tolerance of 1e-5 (relative to 1), bfl
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import helpers
@@ -30,18 +31,30 @@ pytestmark = helpers.timeout_mark(900)
 VARIANTS = [("gpucoll", 2), ("cpu:gpucoll,cuda:gpucoll", 2), ("cpu:gloo,cuda:gpucoll", 2), ("gpucoll", 4)]
 CASES = list(torch_modern_cases.CASES)
 _RESULTS: dict = {}
-# Inductor's caches, shared by the spawns of this module: the C++ of a compiled graph is built once.
-_CACHE = tempfile.mkdtemp(prefix="gpucoll-inductor-")
+# Made by _run (not at import: spawned ranks import this module for _timeout_worker): inductor's cache, shared by
+# the spawns of this module so that a compiled graph's C++ is built once, and the ranks' working directories.
+_WORKDIRS: list = []
 # What differs by backend by design, so it is checked on its own rather than compared with gloo.
 _OWN = {"mesh": ("backend",), "groups": ("default_backend", "new_group_backend", "subgroup_names"),
         "compiled": ("gpucoll_calls",)}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup():
+    """The inductor cache and the checkpoints go when the module is done."""
+    yield
+    for path in _WORKDIRS:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _run(backend: str, n: int):
     key = (backend, n)
     if key not in _RESULTS:
+        if not _WORKDIRS:
+            _WORKDIRS.append(tempfile.mkdtemp(prefix="gpucoll-inductor-"))
         workdir = tempfile.mkdtemp(prefix="gpucoll-modern-")
-        env = {"TORCHINDUCTOR_CACHE_DIR": _CACHE, "TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        _WORKDIRS.append(workdir)
+        env = {"TORCHINDUCTOR_CACHE_DIR": _WORKDIRS[0], "TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
         try:
             res = torch_ranks.run(torch_modern_cases.run_cases, n, backend, CASES, workdir, backend=backend,
                                   timeout=1200.0, env=env)
