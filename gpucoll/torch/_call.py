@@ -7,6 +7,8 @@ import datetime
 
 import torch
 
+BACKEND_NAME = "gpucoll"  # the name registered with torch.distributed
+
 
 def _seconds(timeout) -> float:
     if timeout is None:

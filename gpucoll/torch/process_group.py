@@ -11,15 +11,20 @@ size of the group it is making. Communicators are made lazily, one per kind of d
 Each communicator takes its keys under ``gpucoll/<device>/`` in the store torch hands in, which torch has already
 prefixed with the group's unique name: the default group, every ``new_group`` and every subset never share a key.
 
+torch finds a group by its name: functional collectives (``torch.ops._c10d_functional.*``, what torch.compile
+emits), DeviceMesh, FSDP2 and DTensor resolve the name in C++ and call the group's virtual methods, which torch's
+trampoline forwards here. torch keeps a group's name on its C++ backends, and this group has none (torch lets a
+Python ProcessGroup stand for the whole group), so it keeps its own: ``getGroupName``/``setGroupName`` (and the
+description) override the C++ virtuals, which torch 2.11 and 2.13 both forward to Python.
+
 With ``init_process_group("cpu:gloo,cuda:gpucoll")`` torch (up to 2.13 at least) lets a Python ProcessGroup stand
 for the whole group, so the gloo backend torch made for CPU tensors would be dropped; the creator finds it (or makes
-one) and hands CPU tensors to it, as the user asked.
+one) and hands CPU tensors to it, as the user asked (gpucoll/torch/_cpu_fallback.py).
 
 The methods are the ones torch.distributed's Python functions call on a group (torch 2.13 names first, the older
-names torch 2.4-2.12 call as aliases) and the C++ virtuals DDP reaches through torch's trampoline. torch's
-semantics throughout: ReduceOp mapping (AVG on integers truncates toward zero, as NCCL does), complex tensors as
-pairs of reals, lists of outputs, uneven all_to_all splits (run as one group of sends and receives). What gpucoll
-cannot do raises ``gpucoll.Unsupported`` naming the operation; bad arguments raise ``gpucoll.InvalidArgument``.
+names torch 2.4-2.12 call as aliases) and the C++ virtuals DDP and the functional collectives reach through torch's
+trampoline; they live in mixins by kind (_reduce.py, _gather.py, _alltoall.py, _p2p.py). What gpucoll cannot do
+raises ``gpucoll.Unsupported`` naming the operation; bad arguments raise ``gpucoll.InvalidArgument``.
 """
 
 from __future__ import annotations
@@ -32,25 +37,19 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
-from gpucoll.torch._call import _Call, _op_name, _premul_factor, _seconds
-from gpucoll.torch._cpu_fallback import _cpu_backend_from_caller
+from gpucoll.torch._alltoall import AllToAllMixin
+from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds
+from gpucoll.torch._cpu_fallback import cpu_backend_from_caller
+from gpucoll.torch._gather import GatherMixin
 from gpucoll.torch._p2p import PointToPointMixin
+from gpucoll.torch._reduce import ReduceMixin
 from gpucoll.torch._worker import Worker
 from gpucoll.torch.work import Work
 
-__all__ = ["ProcessGroupGpucoll", "create"]
-
-BACKEND_NAME = "gpucoll"
-
-# dtypes gpucoll reduces; every other dtype is moved as bytes by the copying collectives.
-_REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
-              torch.int64)
-_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
-_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "PREMUL_SUM": "premul_sum"}
-_BITWISE = ("BAND", "BOR", "BXOR")
+__all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "create"]
 
 
-class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
+class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointMixin, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on gpucoll (see the module docstring)."""
 
     def __init__(self, store, rank: int, size: int, timeout=None, *, cpu_backend=None):
@@ -59,11 +58,14 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
         self._timeout = _seconds(timeout)
         self._comms = {}
         self._lock = threading.Lock()
-        self._p2p = []  # queued (send, peer, tensor, Work, device)
+        self._p2p = []  # queued (send, peer, tensor, Work, tag)
         self._cpu_backend = cpu_backend  # the torch backend CPU tensors go to ("cpu:gloo,cuda:gpucoll"), or None
         self._closed = False
         self._background = True  # CPU all-reduces on the worker thread (False: on the caller's)
         self._worker = Worker(f"gpucoll-torch-r{rank}")
+        self._group_name = None  # set by torch (_set_group_name) when it registers the group
+        self._group_desc = "undefined"
+        self._init_p2p()
 
     # -- identity -------------------------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # torch's name
@@ -75,13 +77,32 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
     def name(self) -> str:
         return BACKEND_NAME
 
+    # The C++ virtuals behind ``pg.group_name``, ``pg._set_group_name`` and torch's C++ lookups (see the module
+    # docstring). An unnamed group answers as torch's own does.
+    def getGroupName(self) -> str:
+        if self._group_name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
     # torch asks a group for its per-device backend: init_process_group(device_id=...) reads
-    # pg._get_backend(device_id).supports_splitting, new_group looks for a group to split from. This group serves
-    # cpu and cuda itself (it is not a set of C++ Backends), so it answers for both and declines splitting. The
-    # other capabilities torch reads off that answer are declined too (a missing one is an AttributeError where a
-    # backend-less group's RuntimeError was caught: inductor's comm estimate, FSDP2's allocator, _time_estimator).
-    supports_splitting = False
+    # pg._get_backend(device_id).supports_splitting, new_group and split_group look for a group to split from. This
+    # group serves cpu and cuda itself (it is not a set of C++ Backends), so it answers for both. Splitting is what
+    # torch's split_group needs (CUDA groups bound to a device only, as with NCCL): the split is a new gpucoll group
+    # over the chosen ranks. The other capabilities torch reads off that answer are declined (a missing one is an
+    # AttributeError where a backend-less group's RuntimeError was caught: inductor's comm estimate, FSDP2's
+    # allocator, _time_estimator).
+    supports_splitting = True
     supports_time_estimate = False
+    options = None  # what split_group copies from the parent for the child: gpucoll takes none
 
     def supports_tensor_alloc(self, device) -> bool:
         return False
@@ -92,8 +113,44 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
             raise RuntimeError(f"No backend type associated with device type {kind}")
         return self
 
+    def get_group_store(self):
+        return self._store
+
+    def _set_sequence_number_for_group(self) -> None:
+        """torch calls this on a new group's backend; gpucoll's communicators keep their own sequence numbers."""
+
+    def eager_connect_single_device(self, device) -> None:
+        """init_process_group(device_id=cuda:i): make that device's communicator now (every rank calls it)."""
+        if device is not None and torch.device(device).type == "cuda":
+            self.communicator(device)
+
+    def perform_nocolor_split(self, device) -> None:
+        """new_group on a rank outside the new group, when the default group is bound to a device: nothing to do
+        (a gpucoll group is built by its members alone)."""
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None):
+        """torch's ``dist.split_group`` (which every rank of this group calls): a new gpucoll group over `ranks`
+        (ranks of this group, sorted), or None on a rank outside them. Its keys live under the new group's name in
+        this group's store."""
+        ranks = sorted(int(r) for r in ranks)
+        if len(set(ranks)) != len(ranks) or any(not 0 <= r < self.size() for r in ranks):
+            raise InvalidArgument(f"split_group: ranks must be distinct ranks of this group of {self.size()}; got "
+                                  f"{ranks}")
+        if self.rank() not in ranks:
+            return None
+        if group_name is None:
+            raise InvalidArgument("split_group: torch names the new group (group_name); got None")
+        store = dist.PrefixStore(f"gpucoll-split/{group_name}/", self._store)
+        child = ProcessGroupGpucoll(store, ranks.index(self.rank()), len(ranks),
+                                    timeout if timeout is not None else self._timeout)
+        child.setGroupName(group_name)
+        if group_desc is not None:
+            child.setGroupDesc(group_desc)
+        return child
+
     def __repr__(self) -> str:
-        return f"<gpucoll.torch.ProcessGroupGpucoll rank={self.rank()} size={self.size()}>"
+        name = f" name={self._group_name}" if self._group_name is not None else ""
+        return f"<gpucoll.torch.ProcessGroupGpucoll rank={self.rank()} size={self.size()}{name}>"
 
     # -- communicators --------------------------------------------------------------------------------------------
     def communicator(self, device="cpu"):
@@ -158,347 +215,6 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
     def _delegate(self, tensors) -> bool:
         return self._cpu_backend is not None and all(t.device.type == "cpu" for t in tensors)
 
-    # -- dtype handling -------------------------------------------------------------------------------------------
-    @staticmethod
-    def _bytes(t: torch.Tensor) -> torch.Tensor:
-        """A flat view of contiguous `t` in a dtype gpucoll moves: its own where gpucoll knows it, else bytes."""
-        if t.is_complex():
-            t = torch.view_as_real(t)
-        flat = t.reshape(-1)
-        if flat.dtype in _REDUCIBLE:
-            return flat
-        return flat.view(torch.uint8)
-
-    def _reduce_args(self, what: str, op, t: torch.Tensor):
-        """(flat contiguous view of `t` to reduce, gpucoll op, premul factor or None) for torch's ReduceOp."""
-        name = _op_name(op)
-        if name in _BITWISE:
-            raise Unsupported(f"{what}: ReduceOp.{name} is not supported by gpucoll (it reduces with SUM, PRODUCT, "
-                              f"MIN, MAX, AVG and PREMUL_SUM)")
-        gop = _OPS.get(name)
-        if gop is None:
-            raise Unsupported(f"{what}: ReduceOp.{name} is not supported by gpucoll")
-        if t.is_complex():
-            if gop not in ("sum", "avg", "premul_sum"):
-                raise Unsupported(f"{what}: ReduceOp.{name} on complex tensors ({t.dtype}) is not defined; complex "
-                                  f"tensors reduce with SUM, AVG and PREMUL_SUM")
-            t = torch.view_as_real(t)
-        if t.dtype not in _REDUCIBLE and not (t.is_cuda and t.dtype in _FP8):
-            raise Unsupported(f"{what}: gpucoll cannot reduce {t.dtype} tensors (ReduceOp.{name}); it reduces "
-                              f"{', '.join(str(d).replace('torch.', '') for d in _REDUCIBLE)}"
-                              + (" and fp8 on CUDA" if _FP8 else "") + "; cast the tensor first")
-        factor = None
-        if gop == "premul_sum":
-            factor = _premul_factor(op)
-            if factor is None:
-                raise Unsupported(f"{what}: this torch version ({torch.__version__}) does not expose "
-                                  f"ReduceOp.PREMUL_SUM's factor")
-            if not t.is_floating_point():
-                raise Unsupported(f"{what}: ReduceOp.PREMUL_SUM needs a floating-point tensor; got {t.dtype}")
-        return t.reshape(-1), gop, factor
-
-    @staticmethod
-    def _gop(call: _Call, gop: str, factor):
-        """The gpucoll op for a call: premul_sum is native on CUDA; on CPU the input is scaled first (see uses)."""
-        if gop != "premul_sum":
-            return gop
-        if call.cuda:
-            from gpucoll import premul_sum
-
-            return premul_sum(float(factor))
-        return "sum"
-
-    # -- all_reduce -----------------------------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        if opts is None:
-            opts = c10d.AllreduceOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.allreduce(tensors, opts)
-        if len(tensors) == 1:
-            # asyncOp (torch >= 2.7) is False when the caller waits at once: then the worker thread gains nothing.
-            return self._allreduce_one("all_reduce", tensors[0], opts.reduceOp, getattr(opts, "asyncOp", True))
-        return self._allreduce_list(tensors, opts.reduceOp)
-
-    def _allreduce_one(self, what, tensor, op, background=False) -> Work:
-        if (background and self._background and tensor.device.type == "cpu" and tensor.is_contiguous()
-                and self._cpu_backend is None):
-            return self._allreduce_background(what, tensor, op)
-        call = self._begin(what, [tensor])
-        buf = call.out(tensor, keep=True)
-        flat, gop, factor = self._reduce_args(what, op, buf)
-        if gop == "premul_sum" and not call.cuda:
-            flat.mul_(factor)  # in place is fine: the sum overwrites it
-        call.track(call.comm.all_reduce(flat, op=self._gop(call, gop, factor), async_op=True))
-        return self._finish(call, [tensor])
-
-    def _allreduce_background(self, what, tensor, op) -> Work:
-        """A contiguous CPU all_reduce, run on the worker thread (argument errors are still raised here)."""
-        flat, gop, factor = self._reduce_args(what, op, tensor)
-        if self._p2p:
-            self._drain()
-            self._flush_p2p()
-        comm = self._comms.get("cpu")
-        if comm is None:
-            self._drain()
-            comm = self.communicator("cpu")
-
-        def job():
-            if gop == "premul_sum":
-                flat.mul_(factor)
-            comm.all_reduce(flat, op="sum" if gop == "premul_sum" else gop)
-
-        return self._worker.submit(job, [tensor])
-
-    def _allreduce_list(self, tensors, op) -> Work:
-        # torch's (gloo's) meaning of several tensors: every tensor of every rank is reduced into all of them.
-        what = "all_reduce (list of tensors)"
-        first = tensors[0]
-        for t in tensors[1:]:
-            if t.dtype != first.dtype or t.numel() != first.numel():
-                raise InvalidArgument(f"{what}: every tensor needs one dtype and size; got {first.dtype}"
-                                      f"[{first.numel()}] and {t.dtype}[{t.numel()}]")
-        call = self._begin(what, tensors)
-        flat, gop, factor = self._reduce_args(what, op, first)
-        stack = torch.stack([self._reduce_args(what, op, t)[0] for t in tensors])
-        if gop in ("sum", "avg", "premul_sum"):
-            local = stack.sum(0) if gop != "premul_sum" else stack.sum(0).mul_(factor)
-        elif gop == "prod":
-            local = stack.prod(0)
-        else:
-            local = stack.amin(0) if gop == "min" else stack.amax(0)
-        local = local.to(flat.dtype)
-        call.track(call.comm.all_reduce(local, op="sum" if gop in ("avg", "premul_sum") else gop, async_op=True))
-        if gop == "avg":
-            n = self.size() * len(tensors)
-            local = local.div(n) if local.is_floating_point() else torch.div(local, n, rounding_mode="trunc")
-        for t in tensors:
-            dst = call.out(t)
-            (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1).copy_(local)
-        return self._finish(call, list(tensors))
-
-    def allreduce_coalesced(self, tensors, opts=None):
-        """One all_reduce over the tensors packed together (torch checks they share a dtype)."""
-        if opts is None:
-            opts = c10d.AllreduceCoalescedOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.allreduce_coalesced(tensors, opts)
-        what = "all_reduce_coalesced"
-        if len(tensors) == 1:
-            return self._allreduce_one(what, tensors[0], opts.reduceOp)
-        call = self._begin(what, tensors)
-        views = [self._reduce_args(what, opts.reduceOp, t.contiguous()) for t in tensors]
-        dtypes = {v[0].dtype for v in views}
-        if len(dtypes) != 1:
-            raise InvalidArgument(f"{what}: every tensor needs one dtype; got {sorted(map(str, dtypes))}")
-        _, gop, factor = views[0]
-        packed = torch.cat([v[0] for v in views])
-        if gop == "premul_sum" and not call.cuda:
-            packed.mul_(factor)
-        call.track(call.comm.all_reduce(packed, op=self._gop(call, gop, factor), async_op=True))
-        offset = 0
-        for t in tensors:
-            dst = call.out(t)
-            view = (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1)
-            view.copy_(packed[offset:offset + view.numel()])
-            offset += view.numel()
-        return self._finish(call, list(tensors))
-
-    # -- broadcast / reduce ---------------------------------------------------------------------------------------
-    def broadcast(self, tensors, opts=None):
-        if opts is None:
-            opts = c10d.BroadcastOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.broadcast(tensors, opts)
-        what = "broadcast"
-        root = self._root(what, opts.rootRank)
-        if len(tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
-        call = self._begin(what, tensors)
-        buf = call.out(tensors[0], keep=self.rank() == root)
-        call.track(call.comm.broadcast(self._bytes(buf), root=root, async_op=True))
-        return self._finish(call, list(tensors))
-
-    def reduce(self, tensors, opts=None):
-        if opts is None:
-            opts = c10d.ReduceOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.reduce(tensors, opts)
-        what = "reduce"
-        root = self._root(what, opts.rootRank)
-        if len(tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
-        t = tensors[0]
-        call = self._begin(what, tensors)
-        flat, gop, factor = self._reduce_args(what, opts.reduceOp, t.contiguous())
-        if gop == "premul_sum" and not call.cuda:
-            flat = flat.mul(factor)
-        is_root = self.rank() == root
-        # gpucoll leaves non-root inputs as they were; on root the result lands in `flat`, copied back to `t` where
-        # `flat` is not `t` itself (a strided `t`, or PREMUL_SUM's scaled copy).
-        src = flat
-        call.track(call.comm.reduce(src, op=self._gop(call, gop, factor), root=root, async_op=True))
-        if is_root and src.data_ptr() != t.data_ptr():
-            dst = call.out(t)
-            (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1).copy_(src)
-        return self._finish(call, list(tensors))
-
-    # -- all_gather -----------------------------------------------------------------------------------------------
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        if opts is None:
-            opts = c10d.AllgatherOptions()
-        if self._delegate(input_tensors):
-            return self._cpu_backend.allgather(output_tensors, input_tensors, opts)
-        what = "all_gather"
-        if len(input_tensors) != 1 or len(output_tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one input tensor and one output list per call")
-        x, outs = input_tensors[0], output_tensors[0]
-        self._check_list(what, "tensor_list", outs, x)
-        call = self._begin(what, [x, *outs])
-        flat = self._bytes(x.contiguous())
-        work = call.comm.all_gather(flat, async_op=True)
-        call.track(work)
-        gathered = work.result().view(self.size(), -1)
-        for r, o in enumerate(outs):
-            dst = call.out(o)
-            self._bytes(dst).copy_(gathered[r])
-        return self._finish(call, [list(outs)])
-
-    def all_gather_single(self, output_tensor, input_tensor, opts=None):
-        if opts is None:
-            opts = c10d.AllgatherOptions()
-        if self._delegate([output_tensor, input_tensor]):
-            return self._cpu_backend._allgather_base(output_tensor, input_tensor, opts)
-        what = "all_gather_into_tensor"
-        self._check_same_dtype(what, output_tensor, input_tensor)
-        if output_tensor.numel() != input_tensor.numel() * self.size():
-            raise InvalidArgument(f"{what}: output_tensor has {output_tensor.numel()} elements; it needs world_size "
-                                  f"({self.size()}) x input_tensor's {input_tensor.numel()}")
-        call = self._begin(what, [output_tensor, input_tensor])
-        dst = call.out(output_tensor)
-        src = input_tensor.contiguous()
-        call.track(call.comm.all_gather(self._bytes(src), out=self._bytes(dst), async_op=True))
-        return self._finish(call, [output_tensor])
-
-    _allgather_base = all_gather_single  # torch <= 2.12
-
-    def allgather_coalesced(self, output_lists, input_list, opts=None):
-        if opts is None:
-            opts = c10d.AllgatherOptions()
-        if self._delegate(input_list):
-            return self._cpu_backend.allgather_coalesced(output_lists, input_list, opts)
-        if len(output_lists) != len(input_list):
-            raise InvalidArgument(f"all_gather_coalesced: {len(input_list)} inputs but {len(output_lists)} output "
-                                  f"lists")
-        works = [self.allgather([outs], [x], opts) for outs, x in zip(output_lists, input_list)]
-        return self._combine(works, [list(o) for o in output_lists])
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        if opts is None:
-            opts = c10d.AllgatherOptions()
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._combine(works, list(outputs))
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch <= 2.12
-
-    # -- gather / scatter -----------------------------------------------------------------------------------------
-    def gather(self, output_tensors, input_tensors, opts=None):
-        if opts is None:
-            opts = c10d.GatherOptions()
-        if self._delegate(input_tensors):
-            return self._cpu_backend.gather(output_tensors, input_tensors, opts)
-        what = "gather"
-        root = self._root(what, opts.rootRank)
-        if len(input_tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one input tensor per call; got {len(input_tensors)}")
-        x = input_tensors[0]
-        is_root = self.rank() == root
-        outs = output_tensors[0] if output_tensors else []
-        if is_root:
-            self._check_list(what, "gather_list", outs, x)
-        elif outs:
-            raise InvalidArgument(f"{what}: gather_list must be empty on non-root ranks")
-        call = self._begin(what, [x, *outs])
-        work = call.comm.gather(self._bytes(x.contiguous()), root=root, async_op=True)
-        call.track(work)
-        if is_root:
-            got = work.result().view(self.size(), -1)
-            for r, o in enumerate(outs):
-                self._bytes(call.out(o)).copy_(got[r])
-        return self._finish(call, [list(outs)] if is_root else [])
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        if opts is None:
-            opts = c10d.ScatterOptions()
-        if self._delegate(output_tensors):
-            return self._cpu_backend.scatter(output_tensors, input_tensors, opts)
-        what = "scatter"
-        root = self._root(what, opts.rootRank)
-        if len(output_tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one output tensor per call; got {len(output_tensors)}")
-        y = output_tensors[0]
-        is_root = self.rank() == root
-        ins = input_tensors[0] if input_tensors else []
-        if is_root:
-            self._check_list(what, "scatter_list", ins, y)
-        elif ins:
-            raise InvalidArgument(f"{what}: scatter_list must be empty on non-root ranks")
-        call = self._begin(what, [y, *ins])
-        dst = self._bytes(call.out(y))
-        if is_root:
-            src = torch.cat([self._bytes(t.contiguous()) for t in ins])
-        else:
-            src = torch.empty(dst.numel() * self.size(), dtype=dst.dtype, device=dst.device)  # shape only
-        call.track(call.comm.scatter(src, out=dst, root=root, async_op=True))
-        return self._finish(call, [y])
-
-    # -- reduce_scatter -------------------------------------------------------------------------------------------
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        if opts is None:
-            opts = c10d.ReduceScatterOptions()
-        if self._delegate(output_tensors):
-            return self._cpu_backend.reduce_scatter(output_tensors, input_tensors, opts)
-        what = "reduce_scatter"
-        if len(output_tensors) != 1 or len(input_tensors) != 1:
-            raise Unsupported(f"{what}: gpucoll takes one output tensor and one input list per call")
-        y, ins = output_tensors[0], input_tensors[0]
-        self._check_list(what, "input_list", ins, y)
-        call = self._begin(what, [y, *ins])
-        parts = [self._reduce_args(what, opts.reduceOp, t.contiguous()) for t in ins]
-        _, gop, factor = parts[0]
-        packed = torch.cat([p[0] for p in parts])
-        if gop == "premul_sum" and not call.cuda:
-            packed.mul_(factor)
-        dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(y))
-        call.track(call.comm.reduce_scatter(packed, out=dst, op=self._gop(call, gop, factor), async_op=True))
-        return self._finish(call, [y])
-
-    def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
-        if opts is None:
-            opts = c10d.ReduceScatterOptions()
-        if self._delegate([output_tensor, input_tensor]):
-            return self._cpu_backend._reduce_scatter_base(output_tensor, input_tensor, opts)
-        what = "reduce_scatter_tensor"
-        self._check_same_dtype(what, output_tensor, input_tensor)
-        if input_tensor.numel() != output_tensor.numel() * self.size():
-            raise InvalidArgument(f"{what}: input_tensor has {input_tensor.numel()} elements; it needs world_size "
-                                  f"({self.size()}) x output_tensor's {output_tensor.numel()}")
-        call = self._begin(what, [output_tensor, input_tensor])
-        src, gop, factor = self._reduce_args(what, opts.reduceOp, input_tensor.contiguous())
-        if gop == "premul_sum" and not call.cuda:
-            src = src.mul(factor)
-        dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(output_tensor))
-        call.track(call.comm.reduce_scatter(src, out=dst, op=self._gop(call, gop, factor), async_op=True))
-        return self._finish(call, [output_tensor])
-
-    _reduce_scatter_base = reduce_scatter_single  # torch <= 2.12
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        if opts is None:
-            opts = c10d.ReduceScatterOptions()
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._combine(works, list(outputs))
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch <= 2.12
 
     def barrier(self, opts=None):
         """On GPU `device_ids[0]` where torch names one (``dist.barrier(device_ids=[i])``, as NCCL does), else on a
@@ -588,5 +304,5 @@ class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
 
 def create(store, rank: int, size: int, timeout=None) -> ProcessGroupGpucoll:
     """The creator registered with torch.distributed.Backend.register_backend("gpucoll", ...)."""
-    return ProcessGroupGpucoll(store, rank, size, timeout, cpu_backend=_cpu_backend_from_caller(store, rank, size,
-                                                                                                  timeout))
+    return ProcessGroupGpucoll(store, rank, size, timeout,
+                               cpu_backend=cpu_backend_from_caller(store, rank, size, timeout, depth=2))

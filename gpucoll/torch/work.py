@@ -44,6 +44,7 @@ class Work(dist._Work):
         self._deps = tuple(deps)  # torch Works of a delegate backend (cpu:gloo) this one stands for
         self._error = None
         self._future = None
+        self._source = None  # a recv's source rank in the group (a recv from any source: known once it ran)
 
     # Called by the group when it flushed (or failed to flush) the p2p queue holding this operation.
     def _settled(self, error=None) -> None:
@@ -111,6 +112,15 @@ class Work(dist._Work):
 
     def result(self):
         return self._outputs
+
+    def _source_rank(self) -> int:
+        """The rank (in the group) a recv took its message from; for a recv from any source it runs it first."""
+        self._settle()
+        if self._source is None:
+            raise RuntimeError("_source_rank: this Work is not a recv")
+        return self._source
+
+    source_rank = _source_rank
 
     def get_future(self):
         """A torch.futures.Future holding the list of output tensors. For CUDA tensors it is a CUDA-aware future:

@@ -32,11 +32,13 @@ GLOO_OPS = ("SUM", "PRODUCT", "MIN", "MAX")
 
 # -- inputs --------------------------------------------------------------------------------------------------------
 
-def _values(shape, dtype, op, rank, seed):
-    """Integer-valued input of `rank`: sums, products, minima and maxima are exact in every dtype at 4 ranks."""
+def _values(shape, dtype, op, rank, seed, k=0):
+    """Integer-valued input `k` (its place among the tensors of one call) of `rank`: sums, products, minima and maxima
+    are exact in every dtype at 4 ranks. Each (seed, k, rank) has its own stream, so the tensors of one call differ
+    (identical tensors, or prefixes of one stream, hide a packing offset that does not advance)."""
     import torch
 
-    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    g = torch.Generator().manual_seed((seed * 64 + k) * 1009 + rank)
     dt = getattr(torch, dtype)
     if op == "PRODUCT":
         v = torch.tensor([1, 2, -1, -2] if dtype != "uint8" else [1, 2, 1, 2])
@@ -58,13 +60,18 @@ def _ops_worker(rank, n):
     gc = dist.new_group(backend="gpucoll")
     failures = []
     seed = [0]
+    calls = [0]  # inp() calls so far in this run of a check's function: the k of the next tensor
+
+    def run(fn, *args):
+        calls[0] = 0
+        return fn(*args)
 
     def check(name, fn, ref_group=None, expected=None):
         """fn(group) -> list of tensors; compared between gloo and gpucoll (or with `expected`)."""
         seed[0] += 1
         try:
-            got = [t.clone() for t in fn(gc)]
-            want = expected() if expected is not None else [t.clone() for t in fn(ref_group or gl)]
+            got = [t.clone() for t in run(fn, gc)]
+            want = run(expected) if expected is not None else [t.clone() for t in run(fn, ref_group or gl)]
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__}: {e}")
             return
@@ -77,8 +84,11 @@ def _ops_worker(rank, n):
                                 f"expected {b.flatten()[:8].tolist()}")
                 return
 
-    def inp(shape, dtype="float32", op="SUM", r=None):
-        return _values(shape, dtype, op, rank if r is None else r, seed[0])
+    def inp(shape, dtype="float32", op="SUM", r=None, k=None):
+        """The next tensor of this call (k counts them; an expected value names the k it stands for)."""
+        if k is None:
+            k, calls[0] = calls[0], calls[0] + 1
+        return _values(shape, dtype, op, rank if r is None else r, seed[0], k)
 
     # all_reduce: every dtype x every op gloo has, sync and async (the same Work path torch's DDP uses)
     for dtype in RED_DTYPES:
@@ -100,7 +110,7 @@ def _ops_worker(rank, n):
             return [x]
 
         def avg_ref(dtype=dtype):
-            total = sum(inp((33,), dtype, r=r).to(torch.int64 if dtype.startswith("int") else torch.float64)
+            total = sum(inp((33,), dtype, r=r, k=0).to(torch.int64 if dtype.startswith("int") else torch.float64)
                         for r in range(n))
             if dtype.startswith("int"):
                 return [torch.div(total, n, rounding_mode="trunc").to(getattr(torch, dtype))]
@@ -115,7 +125,7 @@ def _ops_worker(rank, n):
             return [x]
         fv = float(factor) if not isinstance(factor, torch.Tensor) else factor.item()
         check(f"all_reduce PREMUL_SUM({fv})", f,
-              expected=lambda fv=fv: [sum(inp((16,), r=r) * fv for r in range(n))])
+              expected=lambda fv=fv: [sum(inp((16,), r=r, k=0) * fv for r in range(n))])
 
     # coalesced, list of tensors, complex, strided, empty, 0-d
     def f(g):
@@ -170,7 +180,7 @@ def _ops_worker(rank, n):
         x = inp((3,), "int32").to(torch.int16)  # no gloo reduction, but a broadcast is a copy: moved as bytes
         dist.broadcast(x, 0, group=g)
         return [x]
-    check("broadcast int16", f, expected=lambda: [_values((3,), "int32", "SUM", 0, seed[0]).to(torch.int16)])
+    check("broadcast int16", f, expected=lambda: [_values((3,), "int32", "SUM", 0, seed[0], 0).to(torch.int16)])
 
     # all_gather (list and into a tensor), including dtypes gpucoll only moves (bool, complex)
     for dtype in ("float32", "int8", "bfloat16"):
@@ -234,7 +244,9 @@ def _ops_worker(rank, n):
         ins = [inp((3,), "int32") + j for j in range(n)]
         dist.all_to_all(outs, ins, group=g)
         return outs
-    check("all_to_all lists", f)
+    # against the values themselves: gloo in torch 2.11 has no list all_to_all
+    check("all_to_all lists", f,
+          expected=lambda: [_values((3,), "int32", "SUM", j, seed[0], rank) + rank for j in range(n)])
 
     def f(g):  # tensors of different sizes (gloo refuses them): rank i sends i + j + 1 elements to rank j
         outs = [torch.zeros(j + rank + 1, dtype=torch.int32) for j in range(n)]
@@ -242,7 +254,7 @@ def _ops_worker(rank, n):
         dist.all_to_all(outs, ins, group=g)
         return outs
     check("all_to_all lists of different sizes", f,
-          expected=lambda: [_values((j + rank + 1,), "int32", "SUM", j, seed[0]) for j in range(n)])
+          expected=lambda: [_values((j + rank + 1,), "int32", "SUM", j, seed[0], rank) for j in range(n)])
 
     # the method names torch <= 2.12 calls (torch 2.11 is on the GPU machines), against gloo through dist.*
     def f(g):
@@ -308,6 +320,43 @@ def _ops_worker(rank, n):
             dist.recv(x, 0, group=g)
         return [x]
     check("send/recv large", f)
+
+    # tags (torch's rule, gloo's behaviour): a recv takes the earliest message with its tag; others wait for theirs
+    def f(g):
+        nxt, prv = (rank + 1) % n, (rank - 1) % n
+        reqs = [dist.isend(inp((3,), "int64"), nxt, group=g, tag=7), dist.isend(inp((5,), "int64"), nxt, group=g,
+                                                                                  tag=9),
+                dist.isend(inp((2,), "int64"), nxt, group=g, tag=7)]
+        a, b, c = torch.zeros(5, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+        dist.recv(a, prv, group=g, tag=9)  # the second message first
+        dist.recv(b, prv, group=g, tag=7)
+        dist.recv(c, prv, group=g, tag=7)
+        for req in reqs:
+            req.wait()
+        return [a, b, c]
+    check("send/recv with tags, out of order", f)
+
+    # recv from any source: rank 0 hears every other rank (tagged and not) and learns who sent each message
+    def f(g):
+        if rank == 0:
+            got = []
+            for _ in range(2 * (n - 1)):
+                x = torch.zeros(4, dtype=torch.int64)
+                got.append((dist.recv(x, group=g), x))
+            y = torch.zeros(4, dtype=torch.int64)
+            w = dist.irecv(y, group=g, tag=5)
+            w.wait()
+            got.sort(key=lambda p: (p[0], p[1].tolist()))
+            return [torch.tensor([p[0] for p in got] + [w._source_rank()]), *(p[1] for p in got), y]
+        x = torch.full((4,), rank, dtype=torch.int64)
+        # posted first, taken last: only the tag-5 recv matches it (an isend: gloo's send waits for its recv)
+        req = dist.isend(x * 100, 0, group=g, tag=5) if rank == n - 1 else None
+        dist.send(x, 0, group=g)
+        dist.send(x * 10, 0, group=g)
+        if req is not None:
+            req.wait()
+        return []
+    check("recv from any source", f)
 
     # async: every kind of Work answers wait, is_completed and get_future
     def f(g):
@@ -380,8 +429,7 @@ def _ops_worker(rank, n):
          lambda: dist.all_to_all_single(torch.zeros(n), torch.ones(n), [1] * n, [2] * n, group=gc)),
         ("all_to_all_single rows", InvalidArgument,
          lambda: dist.all_to_all_single(torch.zeros(n * 2 + 1), torch.ones(n * 2 + 1), group=gc)),
-        ("send tag", Unsupported, lambda: dist.send(torch.ones(1), (rank + 1) % n, group=gc, tag=3)),
-        ("recv any source", Unsupported, lambda: dist.recv(torch.ones(1), group=gc)),
+        ("recv size", InvalidArgument, lambda: _ring_with_short_recv(dist, torch, rank, n, gc)),
     ]
     for name, exc, call in bad:
         try:
@@ -396,6 +444,15 @@ def _ops_worker(rank, n):
         if not torch.equal(x, torch.full((4,), n, dtype=torch.int64)):
             failures.append(f"after bad input {name}: all_reduce gave {x.tolist()}")
     return failures
+
+
+def _ring_with_short_recv(dist, torch, rank, n, group):
+    """Each rank sends 4 elements to the next and receives into 3: the receiver raises; the channel stays in step."""
+    req = dist.isend(torch.ones(4), (rank + 1) % n, group=group)
+    try:
+        dist.recv(torch.zeros(3), (rank - 1) % n, group=group)
+    finally:
+        req.wait()
 
 
 def _opts(cls, op):
@@ -556,17 +613,29 @@ def test_premul_factor_without_the_factor_property():
 
 
 def test_group_answers_torchs_backend_lookup():
-    """init_process_group(device_id=cuda:i) reads pg._get_backend(device_id).supports_splitting and new_group looks
-    for a split source: the gpucoll group answers for cpu and cuda itself and declines splitting."""
+    """init_process_group(device_id=cuda:i) reads pg._get_backend(device_id).supports_splitting and new_group and
+    split_group look for a split source: the gpucoll group answers for cpu and cuda itself and splits into a new
+    gpucoll group (torch's split_group needs a CUDA device bound to the default group, so it is called directly
+    here, as torch calls it)."""
     from torch.distributed.distributed_c10d import _get_split_source
 
+    from gpucoll.errors import InvalidArgument
     from gpucoll.torch.process_group import ProcessGroupGpucoll
 
     pg = ProcessGroupGpucoll(dist.HashStore(), 0, 1, timeout=10.0)
     try:
         for device in (torch.device("cuda", 0), torch.device("cuda"), torch.device("cpu"), "cuda:1"):
             assert pg._get_backend(device) is pg
-        assert pg._get_backend(torch.device("cuda", 0)).supports_splitting is False
+        assert pg._get_backend(torch.device("cuda", 0)).supports_splitting is True
+        child = pg.split_group([0], timeout=None, opts=None, group_name="child-0", group_desc="split")
+        assert isinstance(child, ProcessGroupGpucoll) and child.group_name == "child-0" and child.size() == 1
+        assert child.group_desc == "split"
+        x = torch.arange(3)
+        child.allreduce([x]).wait()
+        assert x.tolist() == [0, 1, 2]
+        child.shutdown()
+        with pytest.raises(InvalidArgument, match="split_group"):
+            pg.split_group([0, 3], group_name="bad")
         # what inductor's comm estimate, FSDP2's allocator and _time_estimator read off the answer
         backend = pg._get_backend(torch.device("cuda"))
         assert backend.supports_time_estimate is False and backend.supports_tensor_alloc(torch.device("cuda")) is False
@@ -576,7 +645,7 @@ def test_group_answers_torchs_backend_lookup():
         with pytest.raises(RuntimeError, match="No backend type associated with device type meta"):
             pg._get_backend(torch.device("meta"))
         pg.bound_device_id = torch.device("cuda", 0)
-        assert _get_split_source(pg) is None
+        assert _get_split_source(pg) is pg
     finally:
         pg.shutdown()
 

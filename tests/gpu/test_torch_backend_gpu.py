@@ -42,10 +42,11 @@ def _skip_unless_ranks():
         pytest.skip(why)
 
 
-def _vals(shape, dtype, rank, seed, op="SUM"):
+def _vals(shape, dtype, rank, seed, op="SUM", k=0):
+    """Input `k` (its place among the tensors of one call) of `rank`: the tensors of a call differ from each other."""
     import torch
 
-    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    g = torch.Generator().manual_seed((seed * 64 + k) * 1009 + rank)
     if op == "PRODUCT":
         x = torch.tensor([1, 2, -1, -2])[torch.randint(0, 4, shape, generator=g)]
     else:
@@ -67,16 +68,21 @@ def _ops_worker(rank, n):
     gn = dist.new_group(backend="nccl") if dist.is_nccl_available() and torch.cuda.device_count() >= n else None
     failures = []
     seed = [0]
+    calls = [0]  # inp() calls so far in this run of a check's function: the k of the next tensor
+
+    def run(fn, *args):
+        calls[0] = 0
+        return fn(*args)
 
     def check(name, fn):
         """fn(group, device) -> list of tensors: gpucoll on CUDA against gloo on CPU (and NCCL), same inputs."""
         seed[0] += 1
         try:
-            got = [t.cpu() for t in fn(gc, dev)]
+            got = [t.cpu() for t in run(fn, gc, dev)]
             torch.cuda.synchronize()
-            refs = [("gloo", fn(dist.group.WORLD, torch.device("cpu")))]
+            refs = [("gloo", run(fn, dist.group.WORLD, torch.device("cpu")))]
             if gn is not None:
-                refs.append(("nccl", [t.cpu() for t in fn(gn, dev)]))
+                refs.append(("nccl", [t.cpu() for t in run(fn, gn, dev)]))
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__}: {e}")
             return
@@ -88,8 +94,10 @@ def _ops_worker(rank, n):
                     failures.append(f"{name}: output {i} differs from {ref}'s: {a.flatten()[:6].tolist()} vs "
                                     f"{b.flatten()[:6].tolist()}")
 
-    def inp(shape, dtype, device, op="SUM", r=None):
-        return _vals(shape, dtype, rank if r is None else r, seed[0], op).to(device)
+    def inp(shape, dtype, device, op="SUM", r=None, k=None):
+        if k is None:
+            k, calls[0] = calls[0], calls[0] + 1
+        return _vals(shape, dtype, rank if r is None else r, seed[0], op, k).to(device)
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8):
         for op in ("SUM", "PRODUCT", "MIN", "MAX"):
@@ -107,7 +115,7 @@ def _ops_worker(rank, n):
         if d.type == "cuda":
             dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5), group=g)
         else:
-            x = sum(inp((64,), torch.float32, d, r=r) * 0.5 for r in range(n))
+            x = sum(inp((64,), torch.float32, d, r=r, k=0) * 0.5 for r in range(n))
         return [x]
     check("all_reduce PREMUL_SUM", f)
 
