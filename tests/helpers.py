@@ -13,6 +13,7 @@ This module imports only NumPy and the standard library, so spawned workers impo
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -27,8 +28,45 @@ INT_DTYPES = ("int8", "uint8", "int32", "int64")
 # Significand bits (with the implicit one): integers up to 2**p are exact, sums of them stay exact below that.
 _PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-HAVE_PYTEST_TIMEOUT = importlib.util.find_spec("pytest_timeout") is not None
+# -- optional packages --------------------------------------------------------------------------------------------
+# Every test that needs a package outside gpucoll's own dependencies skips through `require` (or with
+# `missing_reason`), so its reason starts with MISSING: tests/conftest.py recognises that text and, under
+# --require-deps (which .ci/run sets), fails such a test instead of skipping it. torch is not in the `test` extra
+# (pip would pull a CUDA build); every other package is.
+
+MISSING = "missing package"
+TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+_INSTALL = {"torch": TORCH_CPU}
+
+
+def have(module: str) -> bool:
+    """Whether `module` can be imported (a dotted name whose parent package is missing counts as missing:
+    importlib.util.find_spec raises ModuleNotFoundError for it instead of returning None)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_reason(module: str, what: str = "") -> str:
+    """The skip reason for a test that cannot run without `module` (the text --require-deps turns into a failure)."""
+    top = module.split(".")[0]
+    install = _INSTALL.get(top, 'pip install -e ".[test]"')
+    return f"{MISSING}: {module} ({install})" + (f"; {what}" if what else "")
+
+
+def require(module: str, what: str = ""):
+    """Import and return `module`, or skip the calling test with missing_reason(module, what)."""
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        pytest.skip(missing_reason(module, what), allow_module_level=True)
+
+
+HAVE_TORCH = have("torch")
+HAVE_PYTEST_TIMEOUT = have("pytest_timeout")
 
 
 def np_dtype(dtype: str):

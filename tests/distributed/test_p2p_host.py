@@ -344,7 +344,7 @@ def size_mismatch(comm, rep) -> None:
 def _import_torch():
     """None when torch imports in this worker, else why not (the torch case is then left out)."""
     if not HAVE_TORCH:
-        return "torch is not installed"
+        return helpers.missing_reason("torch")
     try:
         import torch  # noqa: F401
     except Exception as exc:  # noqa: BLE001

@@ -20,8 +20,8 @@ import helpers
 import pytest
 import torch_ranks
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = helpers.require("torch")
+dist = helpers.require("torch.distributed")
 
 pytestmark = helpers.timeout_mark(300)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 
+import helpers
 import pytest
 
 from gpucoll.bench import cli, plot, report
@@ -18,8 +19,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def run2(tmp_path_factory):
     """One 2-rank all_reduce with --compare gloo, --json, --csv and --plot."""
     d = tmp_path_factory.mktemp("bench")
-    pytest.importorskip("torch")
-    pytest.importorskip("matplotlib")
+    helpers.require("torch")
+    helpers.require("matplotlib")
     argv = ["all_reduce", "--nranks", "2", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "--compare", "gloo",
             "--json", str(d / "a.json"), "--csv", str(d / "a.csv"), "--plot", str(d / "a.png")]
     rc = cli.main(argv)
@@ -98,7 +99,7 @@ class _Tty(io.StringIO):
 
 
 def test_progress_only_on_tty():
-    pytest.importorskip("tqdm")
+    helpers.require("tqdm")
     p = Params(minbytes=8, maxbytes=1 << 20, stepfactor=2)
     assert cli.want_progress(p, _Tty()) is True
     assert cli.want_progress(p, io.StringIO()) is False
@@ -106,7 +107,7 @@ def test_progress_only_on_tty():
 
 
 def test_check(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    helpers.require("matplotlib")
     argv = ["--check", "--colls", "all_reduce,sendrecv", "--json", str(tmp_path / "c.json"),
             "--plot", str(tmp_path / "c.png")]
     assert cli.main(argv) == 0
@@ -193,6 +194,7 @@ def test_check_without_a_gpu_says_what_it_checked(capsys):
 
 
 def test_compare_that_does_not_fit_a_later_backend_is_refused_before_any_run(monkeypatch, capsys):
+    helpers.require("torch", "--compare gloo needs torch for the host block, which is checked first")
     monkeypatch.setattr(cli, "resolve_backend", lambda b, coll=None: b if b != "auto" else "host")
     argv = ["all_reduce", "-b", "8", "-e", "8", "-n", "1", "--backend", "host,nccl", "--compare", "gloo"]
     assert cli.main(argv) == cli.EXIT_USAGE

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+import helpers
 import numpy as np
 import pytest
 from test_bench_cli import HAVE_GPU, rows
@@ -62,7 +63,7 @@ def test_average_modes_run(capsys):
 
 # -- backend sweeps ------------------------------------------------------------------------------------------------
 def test_backend_sweep_blocks_json_and_plot(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    helpers.require("matplotlib")
     out = tmp_path / "s.json"
     rc = cli.main(["all_reduce", *TINY, "--backend", "host,auto", "--algo", "ring,auto", "--json", str(out),
                    "--csv", str(tmp_path / "s.csv")])
@@ -285,7 +286,7 @@ def test_torchrun_sweep_rank0_prints(tmp_path):
 
     from gpucoll._spawn import free_port
 
-    pytest.importorskip("torch")
+    helpers.require("torch")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                                                              "SLURM_PROCID")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),

@@ -70,7 +70,7 @@ def test_numpy_arrays_resolve_to_their_dtype(name):
 
 
 def test_torch_tensors_resolve_to_their_dtype():
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     for name in DTYPES:
         t = torch.zeros(4, dtype=getattr(torch, name))
         buf = _buffers.resolve(t, "x")
@@ -104,7 +104,7 @@ def test_float_avg_rounds_once_in_the_dtype():
 
 
 def test_bf16_reference_rounding_matches_torch():
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     q = np.arange(-124, 125, dtype=np.float64) / 3
     want = torch.from_numpy(q).to(torch.float32).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     got = helpers.bf16_bits(helpers.round_to_precision(q, 8).astype(np.float32))
