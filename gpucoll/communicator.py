@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from gpucoll import _buffers, _log
+from gpucoll.bootstrap import LaunchInfo, detect_launch, external
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
 
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -468,9 +469,8 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
     LOCAL_RANK or the launcher's equivalent); `timeout` also bounds NCCL's init and every collective.
 
     from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
-    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store)."""
-    from gpucoll.bootstrap import TCPStore, detect_launch
-
+    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store).
+    Under torchrun the ranks meet through the store its agent already serves (MASTER_ADDR:MASTER_PORT)."""
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if from_torch is not None or mpi_comm is not None:
         given = [n for n, v in (("rank", rank), ("world_size", world_size), ("address", address), ("port", port),
@@ -479,15 +479,13 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
         if given:
             raise InvalidArgument(f"{', '.join(given)} cannot be combined with "
                                   f"{'from_torch' if from_torch is not None else 'mpi_comm'}: the group supplies them")
-        from gpucoll.bootstrap import external
-
         if from_torch is not None:
             launch, store = external.from_torch(from_torch, timeout, local_rank)
         else:
             launch, store = external.from_mpi(mpi_comm, timeout, local_rank)
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
-        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
+        store = external.launcher_store(launch, timeout)
     return _build(launch, store, kind, timeout, local_size, device, backend)
 
 
@@ -526,9 +524,6 @@ def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto",
     `store` is a torch.distributed Store (wrapped, never closed: it belongs to torch) or an object with gpucoll's
     store interface (set, get(key, timeout), add, check, close). Several communicators may share one store: each
     init takes its own keys. Every rank of the group must call this together, as with init."""
-    from gpucoll.bootstrap import LaunchInfo
-    from gpucoll.bootstrap.external import TorchStore, _local_from_env
-
     for name, value in (("rank", rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidArgument(f"{name} must be an int; got {value!r}")
@@ -536,8 +531,8 @@ def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto",
         raise InvalidArgument(f"need 0 <= rank < world_size; got rank {rank}, world_size {world_size}")
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if type(store).__module__.startswith("torch"):
-        store = TorchStore(store, timeout)
-    lr, lsize = _local_from_env(rank, world_size)
+        store = external.TorchStore(store, timeout)
+    lr, lsize = external._local_from_env(rank, world_size)
     if local_rank is not None:
         lr, lsize = local_rank, max(lsize, local_rank + 1)
     launch = LaunchInfo(rank=rank, world_size=world_size, local_rank=lr, local_world_size=lsize, address="", port=0,

@@ -92,7 +92,7 @@ _PIP_NAME = {"nvidia": "nvidia-nccl-cu13"}  # import name -> the package of the 
 
 def _test_extra() -> list[str]:
     # (a regex, not tomllib: that needs Python 3.11 and gpucoll supports 3.9)
-    line = re.search(r"^test = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    line = re.search(r"^test = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
     return [re.split(r"[<>=!~\[; ]", req.strip().strip('"'), maxsplit=1)[0].lower() for req in line.split(",")]
 
 
