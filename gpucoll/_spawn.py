@@ -87,9 +87,6 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         p.start()
     outcome: dict = {}
     first_failure_at = None
-    # After a failure the other ranks notice the dead/failed peer within milliseconds; give them until their
-    # own timeout to report, then stop them.
-    grace = timeout + 10.0
     try:
         while len(outcome) < nranks:
             try:
@@ -113,14 +110,10 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
                         outcome[r] = ("exited", p.exitcode)
                         if first_failure_at is None:
                             first_failure_at = time.monotonic()
-            if first_failure_at is not None and time.monotonic() - first_failure_at > grace:
+            if first_failure_at is not None and time.monotonic() - first_failure_at > _FAILURE_GRACE_S:
                 break
     finally:
-        for p in procs:
-            p.join(timeout=5.0)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5.0)
+        _stop(procs, outcome)
     values = [None] * nranks
     failures = []
     for r in range(nranks):
@@ -132,6 +125,28 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
     if not failures:
         return values
     raise _pick_failure(failures, values)
+
+
+# After the first failure, how long the other ranks have to report. A rank in a collective with a failed or dead peer
+# notices it within milliseconds (the host backend sees a peer's exit; NCCL's watchdog its own timeout, which started
+# with the collective); a rank that has not reported by then is hung (in user code, or waiting on a hung peer) and
+# is stopped: spawn then returns within the failing rank's timeout plus this grace, not a second timeout.
+_FAILURE_GRACE_S = 1.0
+
+
+def _stop(procs, outcome) -> None:
+    """Join the ranks that reported (they are closing and exiting), stop the others at once."""
+    deadline = time.monotonic() + 5.0
+    for r, p in enumerate(procs):
+        if r in outcome:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=2.0)
+        if p.is_alive():  # SIGTERM blocked or ignored
+            p.kill()
+            p.join(timeout=2.0)
 
 
 def _pick_failure(failures, values):
