@@ -607,8 +607,10 @@ def test_torchrun_end_to_end(tmp_path, backend):
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(torch_ranks.free_port()), str(script), backend]
+    # --standalone: the agent binds a free port itself. A port picked here and bound later by torchrun (the old
+    # --master-port free_port()) can be taken in between by anything else on the machine.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           backend]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "OK rank 0 of 2" in proc.stdout and "OK rank 1 of 2" in proc.stdout, proc.stdout
