@@ -388,9 +388,9 @@ class Communicator:
 
         if stream is not None:
             raise InvalidArgument(_HOST_STREAM)
-        if redop is not None and type(redop) is not _C.RedOp:
-            raise Unsupported(f"{redop!r} needs the nccl backend; the host backend reduces with sum, prod, min, max "
-                              f"and avg")
+        premul = None
+        if redop is not None and type(redop) is not _C.RedOp:  # a premul_sum (_parse_op allows nothing else)
+            premul, redop = float(redop.scalar), _C.RedOp.sum
         if self._group is not None and self._group:
             # Collectives keep their order relative to each other; queued p2p goes first so a group that
             # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
@@ -399,7 +399,7 @@ class Communicator:
         nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
-        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size)
+        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size, premul)
         return None
 
     def _run_custom(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op):

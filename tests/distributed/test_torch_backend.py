@@ -92,10 +92,14 @@ def _ops_worker(rank, n):
                     return [x]
                 check(f"all_reduce {dtype} {op} async={async_op}", f)
 
-    # AVG: floats against gloo's own AVG; integers against NCCL's rule (the sum divided with truncation)
+    # AVG: floats on inputs n * y, whose products with NCCL's 1/n round to y exactly (n = 2, 3, 4 here), so that
+    # gpucoll's pre-multiplied sum (NCCL's avg) is exactly the mean; integers against NCCL's rule (the sum divided
+    # with truncation)
     for dtype in ("float32", "float64", "int32", "int64", "int8"):
         def f(g, dtype=dtype):
             x = inp((33,), dtype)
+            if x.is_floating_point():
+                x *= n
             dist.all_reduce(x, op=R.AVG, group=g)
             return [x]
 
@@ -104,7 +108,7 @@ def _ops_worker(rank, n):
                         for r in range(n))
             if dtype.startswith("int"):
                 return [torch.div(total, n, rounding_mode="trunc").to(getattr(torch, dtype))]
-            return [(total / n).to(getattr(torch, dtype))]
+            return [total.to(getattr(torch, dtype))]  # the mean of the n * y inputs: exact
         check(f"all_reduce {dtype} AVG", f, expected=avg_ref)
 
     # PREMUL_SUM (gloo has none): sum over ranks of factor * x
