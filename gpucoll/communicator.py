@@ -442,6 +442,19 @@ class Communicator:
                                   + (" (or the same array, for in place)" if alias_ok else ""))
         return dst
 
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str = "float32", algo="auto") -> str:
+        """What a call of collective `coll` (gpucoll's numbering, e.g. communicator.ALL_REDUCE) moving `nbytes` in all
+        (the world-sized buffer for all_gather, reduce_scatter, all_to_all, gather, scatter) runs with `algo`: the
+        host backend's schedule name, "custom:<kernel>" when the custom backend runs one of its kernels, "nccl"
+        where NCCL runs it (NCCL picks its own algorithm)."""
+        if not self._nccl:
+            return self._select(coll, algo, nbytes)
+        sel = self._selector
+        if self._backend != "custom" or sel is None or (sel.gpus is None and not self._chosen):
+            return "nccl" if self._backend == "nccl" else "custom"
+        choice = sel.choose(coll, nbytes, dtype, algo, backend="auto" if self._chosen else "custom")
+        return f"custom:{choice.algorithm}" if choice.backend == "custom" else "nccl"
+
     def _select(self, coll: int, algo, nbytes: int) -> str:
         from gpucoll import _C
 

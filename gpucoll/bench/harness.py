@@ -26,7 +26,7 @@ import numpy as np
 
 from gpucoll.bench import colls, devmem, report
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
-from gpucoll.errors import InvalidArgument
+from gpucoll.errors import GpucollError, InvalidArgument
 
 AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
 PROGRESS_AFTER_S = 2.0  # the progress bar appears once a sweep has run this long: short runs stay quiet
@@ -287,6 +287,9 @@ class _Rank:
             self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
             row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters, coll.name)
             row["backend"] = self.comm.backend
+            resolved = self._resolved(dt, algo, nbytes)
+            if resolved is not None:
+                row["algo_resolved"] = resolved  # what "auto" (or a name) ran: gpucoll-tune and the plot read it
             # A sweep may run one backend twice (--backend nccl,auto where auto is nccl): the label keeps each run's
             # rows apart in the merged JSON and the plot.
             row["backend_label"] = p.backend_label or self.comm.backend
@@ -303,6 +306,18 @@ class _Rank:
             self.out.write("\n")
             self.rows.append(row)
             self._tick()
+
+    def _resolved(self, dt, algo: str, nbytes: int) -> str | None:
+        """The algorithm a row's calls run (nbytes: the selector's count, the world-sized buffer of the blocked
+        collectives); None for send/recv, which has no algorithms, and for communicators that cannot tell (the
+        virtual ranks of --backend custom run the kernel named)."""
+        finder = getattr(self.comm, "algorithm_for", None)
+        if self.coll.coll_id < 0 or finder is None:
+            return None
+        try:
+            return finder(self.coll.coll_id, nbytes, dt.gpucoll, algo)
+        except GpucollError:
+            return None
 
     def _tick(self) -> None:
         """One row done: advance the bar, or start it once the sweep has run PROGRESS_AFTER_S. Started late rather
