@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import helpers
 import pytest
@@ -83,6 +84,45 @@ def test_plot_png_and_lines(run2, tmp_path):
     out = tmp_path / "cmp.png"
     assert cli.main(["report", str(d / "a.json"), str(d / "a.json"), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == PNG
+
+
+def _doc(times_us, algo="auto", picks=None, peer=False):
+    rows = []
+    for i, (size, t) in enumerate(times_us):
+        r = {"size": size, "collective": "all_reduce", "algo": algo, "type": "float", "redop": "sum", "backend": "host",
+             "out_of_place": {"time": t, "bus_bw": size / t / 1e3}}
+        if picks:
+            r["algo_resolved"] = picks[i]
+        if peer:
+            r["peer"] = {"name": "gloo", "time": 2 * t, "bus_bw": size / t / 2e3}
+        rows.append(r)
+    return {"program": "gpucoll-bench all_reduce", "environment": {"backend": "host", "nranks": 2}, "results": rows}
+
+
+def test_plot_reads_like_the_benchmark(tmp_path):
+    """Sizes in 1K/1M/1G, plain-number y ticks even over less than a decade, the legend naming what auto ran and
+    sitting outside both panels (it can cover no data)."""
+    helpers.require("matplotlib")
+    sizes = [1 << k for k in range(10, 31, 4)]  # 1K .. 1G
+    doc = _doc([(s, 50.0 + s / 4e3) for s in sizes], picks=["oneshot"] * 3 + ["twoshot"] * 3, peer=True)
+    fig = plot.plot_docs([("", doc)], str(tmp_path / "p.png"))
+    fig.canvas.draw()
+    ax_bw, ax_t = fig.axes
+    xlabels = [t.get_text() for t in ax_bw.get_xticklabels() if t.get_text()]
+    assert {"1K", "1M", "1G"} <= set(xlabels) and all(re.fullmatch(r"\d+[KMG]?", x) for x in xlabels), xlabels
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["host:auto→oneshot,twoshot", "gloo"]
+    box = legend.get_window_extent()
+    for ax in (ax_bw, ax_t):
+        assert not box.overlaps(ax.get_window_extent()), "the legend covers a panel"
+        assert ax.get_legend() is None
+    # a run whose times span less than a decade still gets labelled ticks, as plain numbers
+    flat = _doc([(s, 100.0 + i) for i, s in enumerate(sizes)], algo="ring")
+    fig = plot.plot_docs([("", flat)])
+    fig.canvas.draw()
+    ylabels = [t.get_text() for t in fig.axes[1].get_yticklabels() if t.get_text()]
+    assert len(ylabels) >= 3 and all(re.fullmatch(r"[\d.]+", y) for y in ylabels), ylabels
+    assert plot.size_label(1536) == "1.5K" and plot.size_label(512) == "512"
 
 
 def test_min_busbw_exit_status(capsys):

@@ -82,7 +82,9 @@ def test_backend_sweep_blocks_json_and_plot(tmp_path, capsys):
     assert set(doc["average_bus_bandwidth"]["per_backend"]) == {"host", "auto(host)"}
     assert doc["out_of_bounds"] == {"count": 0, "okay": True}
     lines = plot.plot_docs([("", doc)]).axes[0].lines
-    assert sorted(ln.get_label() for ln in lines) == ["auto(host):auto", "auto(host):ring", "host:auto", "host:ring"]
+    picked = doc["results"][-1]["algo_resolved"]  # what auto ran at the one size (the legend names it)
+    assert sorted(ln.get_label() for ln in lines) == [f"auto(host):auto→{picked}", "auto(host):ring",
+                                                      f"host:auto→{picked}", "host:ring"]
     assert all(len(ln.get_xdata()) == 2 for ln in lines)  # each line one run's 2 sizes, not two runs interleaved
 
 
