@@ -18,6 +18,7 @@ import os
 import sys
 
 from gpucoll import _C, config
+from gpucoll._help import HelpFormatter
 from gpucoll.bench.colls import canonical
 from gpucoll.errors import GpucollError, InvalidArgument
 
@@ -139,12 +140,13 @@ def _collective(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpucoll.algo", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m gpucoll.algo", formatter_class=HelpFormatter,
+                                     description="See the algorithms: python -m gpucoll.algo explain all_reduce "
+                                                 "--nranks 8 --bytes 1M [--steps]")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("explain", help="compare the algorithms for one collective call",
                        description="Compare every algorithm for one collective call: " + COLUMNS[2:] + ".",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     p.add_argument("collective", type=_collective, help=f"{', '.join(COLLS)} (also spelled as gpucoll-bench and nccl-tests take them: "
                                       f"allreduce, all-gather, all_reduce_perf)")
     p.add_argument("--nranks", type=int, default=8, help="number of ranks")

@@ -13,6 +13,7 @@ import json
 import sys
 
 from gpucoll import _select, topology
+from gpucoll._help import HelpFormatter
 from gpucoll.errors import GpucollError
 
 
@@ -106,19 +107,27 @@ def print_report(doc: dict, out=sys.stdout) -> None:
               f"{r['seconds'] * 1e6:>11.1f} {r['busbw'] / 1e9:>13.1f}  {r['model']}", file=out)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gpucoll-topo", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucoll-topo", formatter_class=HelpFormatter, description=(
+        "See the wiring and what gpucoll would do on it: the GPU matrix as nvidia-smi topo -m prints it, with\n"
+        "gpucoll's link classes and each pair's bandwidth, the NICs, the rings and trees gpucoll would build, and for\n"
+        "a collective a table from 8 B to 1 GiB: chosen backend/algorithm, predicted time and bus bandwidth."))
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--from-nvidia-smi", metavar="FILE", help="`nvidia-smi topo -m` output ('-' for stdin)")
+    src.add_argument("--from-nvidia-smi", metavar="FILE", help="the output of nvidia-smi topo -m ('-' for stdin)")
     src.add_argument("--from-nccl-xml", metavar="FILE", help="NCCL_TOPO_DUMP_FILE output")
     src.add_argument("--from-json", metavar="FILE", help="a gpucoll topology JSON (GPUCOLL_TOPO_DUMP_FILE)")
     p.add_argument("--nodes", type=int, default=0, help="nodes in the job (a one-host topology is replicated)")
-    p.add_argument("--nranks-per-node", type=int, default=0, help="ranks per node (default: every GPU)")
-    p.add_argument("--coll", default="all_reduce", help="collective for the table (default all_reduce)")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--nranks-per-node", type=int, default=0, help="ranks per node (0: every GPU of a node)")
+    p.add_argument("--coll", default="all_reduce", help="collective for the table")
+    p.add_argument("--dtype", default="float32", help="element type of the table's calls (float32, float16, "
+                   "bfloat16, float64, int8, uint8, int32, int64): it decides which backends can run them")
     p.add_argument("--tuning", metavar="FILE", help="tuning JSON from gpucoll-tune (default: GPUCOLL_TUNING_FILE)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
 
     def read(path):
         if path == "-":

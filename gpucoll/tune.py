@@ -18,6 +18,8 @@ import sys
 
 import numpy as np
 
+from gpucoll._help import HelpFormatter
+
 
 def _row_algorithm(row: dict, backend: str) -> tuple[str, str]:
     """(backend, algorithm) a row measured: what "auto" resolved to where the row records it (gpucoll-bench's
@@ -91,13 +93,20 @@ def fit(docs, link_class: str = "", local: int = 0) -> dict:
     return {"format": "gpucoll-tuning", "version": 1, "fits": fits, "skipped": skipped}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gpucoll-tune", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucoll-tune", formatter_class=HelpFormatter, description=(
+        "Fit the cost model to measurements: time = steps * a + bytes * b per (backend, algorithm, link class),\n"
+        "from gpucoll-bench --json runs; the tuning file it writes is read through GPUCOLL_TUNING_FILE."))
     p.add_argument("results", nargs="+", help="gpucoll-bench --json files")
     p.add_argument("-o", "--output", required=True, help="tuning JSON to write (use with GPUCOLL_TUNING_FILE)")
-    p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET)")
-    p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs")
-    args = p.parse_args(argv)
+    p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET, "
+                   "as gpucoll-topo shows them); host runs are SHM")
+    p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs (0: one node)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     docs = []
     for path in args.results:
         with open(path) as f:

@@ -8,8 +8,10 @@ import importlib.util
 import os
 import sys
 
+from gpucoll._help import HelpFormatter
 from gpucoll.bench import colls
 from gpucoll.bench.harness import Params
+from gpucoll.bench.report import size_label
 
 BACKENDS = ("host", "nccl", "custom", "auto")
 
@@ -25,8 +27,12 @@ algorithms:  --algo a,b runs one block of rows per algorithm; --algo all runs ev
 exit status: 0 all results correct, 1 wrong results (#wrong > 0) or average busbw below --min-busbw,
              2 bad usage or setup, 3 the run failed
 more:        gpucoll-bench report A.json B.json -o cmp.png   (compare saved --json runs in one plot)
-             gpucoll-bench --check [--nranks N] [--min-busbw X] [--json F] [--plot F.png]   (health check)
+             gpucoll-bench --health-check [options]   (every collective, a short sweep each; see the health check
+             options above and gpucoll-bench --health-check --help)
 """
+
+# -c/--check given without a number: nccl-tests' -c takes one (and the health check has its own name)
+_CHECK_WITHOUT_COUNT = object()
 
 
 def _size(what: str):
@@ -99,29 +105,31 @@ def _backends(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpucoll-bench", description="Benchmark and check gpucoll collectives with "
-                                "nccl-tests' flags and table.", epilog=_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                "nccl-tests' flags and table.", epilog=_EPILOG, formatter_class=HelpFormatter)
     d = Params()
     p.add_argument("collective", type=colls.canonical, choices=colls.names(), help="the collective to run")
-    p.add_argument("-b", "--minbytes", type=_size("-b/--minbytes"), default=d.minbytes, help="min size in bytes")
-    p.add_argument("-e", "--maxbytes", type=_size("-e/--maxbytes"), default=d.maxbytes, help="max size in bytes")
+    p.add_argument("-b", "--minbytes", type=_size("-b/--minbytes"), default=d.minbytes,
+                   help=f"min size in bytes (default: {size_label(d.minbytes)})")
+    p.add_argument("-e", "--maxbytes", type=_size("-e/--maxbytes"), default=d.maxbytes,
+                   help=f"max size in bytes (default: {size_label(d.maxbytes)})")
     p.add_argument("-i", "--stepbytes", type=_size("-i/--stepbytes"), default=d.stepbytes,
-                   help="increment size (used when -f is 1)")
+                   help=f"increment size, used when -f is 1 (default: {size_label(d.stepbytes)})")
     p.add_argument("-f", "--stepfactor", type=_int("step factor", 1), default=d.stepfactor,
                    help="increment factor (above 1 it wins over -i)")
     p.add_argument("-n", "--iters", type=_int("iteration count", 1), default=d.iters, help="timed iterations")
     p.add_argument("-w", "--warmup_iters", type=_int("warmup iteration count", 0), default=d.warmup_iters,
                    help="warmup iterations")
-    p.add_argument("-c", "--check", type=_int("check count", 0), default=d.check,
-                   help="verified iterations per row (0: no check, #wrong shows N/A)")
+    p.add_argument("-c", "--check", type=_int("check count", 0), default=d.check, nargs="?",
+                   const=_CHECK_WITHOUT_COUNT, metavar="N",
+                   help="nccl-tests' -c: verified iterations per row (0: no check, #wrong shows N/A)")
     p.add_argument("-d", "--datatype", type=_choices("datatype", list(colls.DTYPES), colls.ALIASES),
                    default=d.dtypes, help="datatype(s), nccl-tests names, or all")
     p.add_argument("-o", "--op", type=_choices("op", list(colls.OPS)), default=None,
-                   help=f"reduction op(s) or all (reducing collectives; default {d.ops[0]})")
+                   help=f"reduction op(s) or all, for the reducing collectives (default: {d.ops[0]})")
     p.add_argument("-r", "--root", type=_int("root", 0), default=None,
-                   help=f"root rank (rooted collectives; default {d.root})")
+                   help=f"root rank of the rooted collectives (default: {d.root})")
     p.add_argument("-a", "--average", type=int, choices=range(4), default=d.average,
-                   help="time shown: 0 rank 0's, 1 mean over ranks (default, as nccl-tests), 2 min, 3 max")
+                   help="time shown: 0 rank 0's, 1 mean over ranks (as nccl-tests), 2 min, 3 max")
     p.add_argument("-G", "--cudagraph", type=_int("graph launch count", 0), default=d.graph, metavar="N",
                    help="capture the -n calls in a CUDA graph and time N launches of it (CUDA backends)")
     p.add_argument("-z", "--blocking", type=int, choices=(0, 1), default=d.blocking,
@@ -134,11 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     from gpucoll import _C
 
     p.add_argument("--algo", default="auto", help="comma-separated algorithms, each run as its own block of rows: "
-                   f"auto (default), all, or {', '.join(_C.algorithm_names())}")
+                   f"auto, all, or {', '.join(_C.algorithm_names())}")
     p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write every row, the run parameters "
-                   "and the environment as JSON")
+                   "and the environment as JSON; - writes it to stdout (the table then goes to stderr)")
     p.add_argument("--csv", metavar="FILE", default=None, help="also write every row as CSV (the environment in "
-                   "'# ' comment lines before the header)")
+                   "'# ' comment lines before the header); - writes it to stdout (the table then goes to stderr)")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw busbw and time vs size (needs matplotlib)")
     p.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
                    help="exit status 1 when the average busbw (GB/s) is below this")
@@ -147,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
                    help="seconds a collective may wait for peers before failing")
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element
+    h = p.add_argument_group("health check", (
+        "  gpucoll-bench --health-check [options], without a collective: a short sweep of every collective on the\n"
+        "  backends this machine can run, one OK/FAIL line each (it also takes --nranks, --backend, --min-busbw,\n"
+        "  --json, --plot and -T)"))
+    h.add_argument("--health-check", action="store_true", help="run the health check (the first argument)")
+    h.add_argument("--colls", metavar="LIST", help="comma-separated collectives to check (default: all)")
+    h.add_argument("--require-gpu", action="store_true", help="exit status 2 unless a GPU backend is checked")
+    h.add_argument("--tuning", metavar="FILE", help="tuning JSON whose min_busbw table sets each line's threshold "
+                   "(default: GPUCOLL_TUNING_FILE)")
     return p
 
 
@@ -154,6 +171,14 @@ def parse_args(argv: list[str] | None = None) -> Params:
     """argv -> Params. Bad usage exits through argparse (status 2) with the reason."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.check is _CHECK_WITHOUT_COUNT:
+        parser.error("-c/--check takes a number: nccl-tests' verified iterations per row (0: none). The health check "
+                     "of every collective is gpucoll-bench --health-check")
+    misplaced = [flag for flag, v in (("--health-check", args.health_check), ("--colls", args.colls),
+                                      ("--require-gpu", args.require_gpu), ("--tuning", args.tuning)) if v]
+    if misplaced:
+        parser.error(f"{', '.join(misplaced)} belong to the health check, which runs every collective: "
+                     f"gpucoll-bench --health-check [options], without {args.collective}")
     if args.minbytes > args.maxbytes:
         parser.error(f"invalid sizes: -b/--minbytes {args.minbytes} > -e/--maxbytes {args.maxbytes}")
     if args.stepfactor <= 1 and args.stepbytes == 0:
@@ -161,8 +186,12 @@ def parse_args(argv: list[str] | None = None) -> Params:
     coll = colls.get(args.collective)
     notes = []
     algos, algo_all = _parse_algos(parser, coll, args.algo, notes)
+    if args.json == "-" and args.csv == "-":
+        parser.error("--json - and --csv - would both write to stdout: give one of them a file")
+    if args.plot == "-":
+        parser.error("--plot writes a PNG file: give it a file name")
     for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
-        if path:
+        if path and path != "-":
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
                 parser.error(f"{flag} {path!r}: folder {folder!r} does not exist or is not writable")
@@ -190,6 +219,7 @@ def parse_args(argv: list[str] | None = None) -> Params:
                   algos=algos, algo_all=algo_all, average=args.average,
                   json=args.json, csv=args.csv, plot=args.plot, min_busbw=args.min_busbw, compare=args.compare,
                   timeout=args.timeout, backend=args.backend[0], backends=list(args.backend), nranks=args.nranks,
+                  table_to_stderr="-" in (args.json, args.csv),
                   graph=args.cudagraph, blocking=args.blocking,
                   inject_error=args.inject_error, argv=list(sys.argv[1:] if argv is None else argv), notes=notes)
 

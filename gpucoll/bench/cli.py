@@ -151,6 +151,7 @@ def check_world(p: Params, nranks: int) -> None:
                          f"from rank-1, another rank); got {nranks}: use --nranks {coll.min_ranks} or more")
     if coll.rooted and p.root >= nranks:
         raise UsageError(f"-r/--root {p.root} is not a rank of this {nranks}-rank run: expected 0 to {nranks - 1}")
+    _note_rounded_sizes(p, coll, nranks)
     if coll.coll_id < 0:
         return
     local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
@@ -167,6 +168,26 @@ def check_world(p: Params, nranks: int) -> None:
     if not kept:
         raise UsageError(f"no algorithm can run {coll.name} at {nranks} ranks")
     p.algos = kept
+
+
+def _note_rounded_sizes(p: Params, coll, nranks: int) -> None:
+    """A size the collective cannot move exactly (7 bytes of float; a buffer that does not split into nranks
+    16-byte-aligned blocks, nccl-tests' rule) runs rounded down, as nccl-tests does: say so instead of silently
+    printing another size than the one asked for."""
+    rounded = []
+    for size in sizes(p):
+        for name in p.dtypes:
+            dt = colls.DTYPES[name]
+            counts = coll.counts(size // dt.itemsize, nranks, dt.itemsize)
+            ran = max(counts.send, counts.recv) * dt.itemsize
+            if ran != size:
+                rounded.append(f"{size} -> {ran} ({dt.name})")
+    if rounded:
+        unit = ("whole elements, in nranks blocks of whole 16-byte units" if coll.name in (
+            "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter") else "whole elements")
+        more = f" and {len(rounded) - 4} more" if len(rounded) > 4 else ""
+        p.notes.append(f"sizes rounded down to {unit}, as nccl-tests does (bytes asked -> run): "
+                       f"{', '.join(rounded[:4])}{more}")
 
 
 def _fit_memory(p: Params, local_ranks: int) -> None:
@@ -337,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpucoll.bench.plot import report_main
 
         return report_main(args[1:])
-    # `gpucoll-bench --check` (no collective; -c/--check N after a collective stays nccl-tests' check count).
-    if args[:1] == ["check"] or (args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
+    # The health check: `gpucoll-bench --health-check` (or `check`, or `--check` as the first argument, its older
+    # spellings); -c/--check N after a collective stays nccl-tests' check count.
+    if args[:1] in (["--health-check"], ["health-check"], ["check"]) or (
+            args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
         from gpucoll.bench.check import check_main
 
         return check_main(args[1:])

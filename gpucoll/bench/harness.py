@@ -60,6 +60,7 @@ class Params:
     peer_times: dict = field(default_factory=dict)  # (type, redop, size) -> seconds
     progress: bool = False  # tqdm bar on stderr (decided by the cli: stderr a TTY and enough rows)
     quiet: bool = False  # no table (--check prints its own summary)
+    table_to_stderr: bool = False  # --json - / --csv -: stdout carries the data, the table goes to stderr
     timeout: float = 300.0
     backend: str = "host"
     backends: list[str] = field(default_factory=lambda: ["host"])  # --backend a,b: one run each, in order
@@ -105,7 +106,7 @@ class _Rank:
         self.comm, self.p = comm, p
         self.rank, self.n = comm.rank, comm.world_size
         self.coll = colls.get(p.coll)
-        self.out = report.Printer(self.rank == 0 and not p.quiet)
+        self.out = report.Printer(self.rank == 0 and not p.quiet, sys.stderr if p.table_to_stderr else None)
         self.bar = None  # tqdm progress bar, rank 0 only, once the sweep has run PROGRESS_AFTER_S
         self._progress_from: float | None = None  # when the sweep started, if it may show a bar
         self._rows_total = self._rows_done = 0

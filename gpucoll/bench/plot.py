@@ -14,6 +14,9 @@ import json
 import math
 import sys
 
+from gpucoll._help import HelpFormatter
+from gpucoll.bench.report import size_label
+
 
 def _machine(doc: dict) -> str:
     """The GPU model of a run on CUDA devices (its devices' "cuda:N NAME [backend]"), else the CPU model."""
@@ -26,14 +29,6 @@ def _machine(doc: dict) -> str:
 
 def _collectives(doc: dict) -> set:
     return {r.get("collective") or doc.get("config", {}).get("collective") for r in doc.get("results", [])}
-
-
-def size_label(n: float) -> str:
-    """1024 -> "1K", 3 << 20 -> "3M": the sizes of the x axis, as gpucoll-bench's -b/-e take them."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n:g}"
 
 
 def _algorithm(rows: list) -> str:
@@ -174,13 +169,20 @@ def plot_docs(docs: list[tuple[str, dict]], path: str | None = None, title: str 
     return fig
 
 
-def report_main(argv: list[str]) -> int:
-    """gpucoll-bench report A.json B.json -o cmp.png"""
-    p = argparse.ArgumentParser(prog="gpucoll-bench report", description="Compare saved gpucoll-bench --json runs "
-                                "in one plot: one line per file x block of rows.")
+def _report_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucoll-bench report", formatter_class=HelpFormatter,
+                                description="Compare saved gpucoll-bench --json runs in one plot: one line per file x "
+                                            "block of rows.")
     p.add_argument("files", nargs="+", help="JSON files written by gpucoll-bench --json")
     p.add_argument("-o", "--output", required=True, help="the PNG to write")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="the plot's title (default: what the runs share: program, ranks, "
+                                                 "machine)")
+    return p
+
+
+def report_main(argv: list[str]) -> int:
+    """gpucoll-bench report A.json B.json -o cmp.png"""
+    p = _report_parser()
     try:
         args = p.parse_args(argv)
     except SystemExit as e:

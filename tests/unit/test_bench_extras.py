@@ -122,7 +122,7 @@ def test_plot_reads_like_the_benchmark(tmp_path):
     fig.canvas.draw()
     ylabels = [t.get_text() for t in fig.axes[1].get_yticklabels() if t.get_text()]
     assert len(ylabels) >= 3 and all(re.fullmatch(r"[\d.]+", y) for y in ylabels), ylabels
-    assert plot.size_label(1536) == "1.5K" and plot.size_label(512) == "512"
+    assert report.size_label(1536) == "1.5K" and report.size_label(512) == "512"
 
 
 def test_min_busbw_exit_status(capsys):
