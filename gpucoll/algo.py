@@ -60,8 +60,9 @@ def tuning_fits() -> tuple[str, dict]:
 
 
 def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: int = 0, steps: bool = False,
-            out=sys.stdout) -> dict:
-    """Print (and return as a dict) the comparison of every algorithm for one call."""
+            out=None) -> dict:
+    """Print (and return as a dict) the comparison of every algorithm for one call (to stdout by default)."""
+    out = sys.stdout if out is None else out
     name = canonical(coll)
     if name not in COLLS:
         raise InvalidArgument(f"collective must be one of {', '.join(COLLS)}; got {coll!r}")

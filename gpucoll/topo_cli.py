@@ -65,7 +65,8 @@ def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_no
     return doc
 
 
-def print_report(doc: dict, out=sys.stdout) -> None:
+def print_report(doc: dict, out=None) -> None:
+    out = sys.stdout if out is None else out  # looked up per call: a default bound at import goes stale
     t = doc["topology"]
     gpus = t["gpus"]
     n = len(gpus)
@@ -89,12 +90,16 @@ def print_report(doc: dict, out=sys.stdout) -> None:
           "one-direction GB/s the model uses", file=out)
     for nic in t["nics"]:
         paths = " ".join(nic["gpu_paths"]) or "-"
-        print(f"# NIC {nic['name']} host {nic['host']} {nic['speed_gbps']:g} Gb/s, paths to GPUs: {paths}", file=out)
+        speed = f"{nic['speed_gbps']:g} Gb/s" if nic["speed_gbps"] > 0 else "speed unknown"
+        print(f"# NIC {nic['name']} host {nic['host']} {speed}, paths to GPUs: {paths}", file=out)
     lay = doc["layout"]
     print(f"# layout: {lay['nodes']} node(s) x {lay['ranks_per_node']} ranks", file=out)
-    print(f"# ring (NCCL-style, any path): {' -> '.join(map(str, doc['ring']))}", file=out)
+    # The rings are built inside a node (node 0's GPUs; every node has the same shape); across nodes the
+    # two-level algorithms of the trees line below connect them.
+    ring = "ring per node, node 0 shown" if lay["nodes"] > 1 else "ring"
+    print(f"# {ring} (NCCL-style, any path): {' -> '.join(map(str, doc['ring']))}", file=out)
     p2p = doc["p2p_ring"]
-    print(f"# ring over P2P only (our kernels): {' -> '.join(map(str, p2p)) if p2p else 'none (no P2P ring)'}",
+    print(f"# {ring} over P2P only (our kernels): {' -> '.join(map(str, p2p)) if p2p else 'none (no P2P ring)'}",
           file=out)
     tr = doc["trees"]
     print(f"# trees: chain per node {tr['chains']}; between nodes (parent, child): {tr['inter'] or '-'}", file=out)

@@ -270,3 +270,21 @@ def test_tune_counts_sizes_not_points(tmp_path, capsys):
     doc = _bench_doc("host", "ring", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
     doc["results"] = [dict(r, in_place=r["out_of_place"]) for r in doc["results"][:1]]
     assert tune.fit([doc])["skipped"] == ["host:ring all_reduce 4 ranks: fewer than two sizes"]
+
+
+def test_topo_cli_labels_per_node_rings_and_unknown_nic_speeds(tmp_path, capsys):
+    from gpucoll import topo_cli
+
+    assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt"), "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "# ring per node, node 0 shown (NCCL-style, any path): 0 -> 1" in out
+    assert "# ring per node, node 0 shown over P2P only (our kernels):" in out
+    assert "# NIC mlx5_0 host 1 speed unknown, paths to GPUs:" in out and " 0 Gb/s" not in out
+    assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt")]) == 0
+    assert "# ring (NCCL-style, any path): 0 -> 1" in capsys.readouterr().out  # one node: no "per node"
+    doc = json.loads((FIX / "h100_2node_16x.json").read_text())
+    for nic in doc["nics"]:
+        nic["speed_gbps"] = 400
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    assert topo_cli.main(["--from-json", str(tmp_path / "t.json")]) == 0
+    assert "# NIC mlx5_0 host 0 400 Gb/s, paths to GPUs:" in capsys.readouterr().out
