@@ -36,7 +36,7 @@ _PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 # (pip would pull a CUDA build); every other package is.
 
 MISSING = "missing package"
-TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+TORCH_CPU = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 _INSTALL = {"torch": TORCH_CPU}
 
 
