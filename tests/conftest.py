@@ -98,7 +98,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     skipped = terminalreporter.stats.get("skipped", []) if getattr(config, "_gpucoll_fold_skips", False) else []
     if not skipped:
         return
-    counts = Counter(_skip_reason(rep) for rep in skipped)
+    # A missing package is one reason whatever the test says it needed it for (the part after "; ").
+    counts = Counter(_skip_reason(rep).split("; ")[0] if _skip_reason(rep).startswith(MISSING) else _skip_reason(rep)
+                     for rep in skipped)
     terminalreporter.write_sep("=", "skipped tests by reason")
     for reason, n in counts.most_common():
         terminalreporter.write_line(f"SKIPPED [{n}] {reason}")

@@ -24,6 +24,9 @@ def test_importorskip():
 def test_require():
     helpers.require("gpucoll_no_such_package.sub")
 
+def test_require_for_a_stated_reason():
+    helpers.require("gpucoll_no_such_package.sub", "what it is needed for")
+
 @pytest.mark.parametrize("i", range(3))
 def test_other_reason(i):
     pytest.skip("not a missing package")
@@ -60,10 +63,11 @@ def test_missing_packages_skip_by_default_with_one_summary_line_per_reason(tmp_p
     res = _run(tmp_path)
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
-    assert "1 passed" in out and "7 skipped" in out, out
+    assert "1 passed" in out and "8 skipped" in out, out
     lines = [ln for ln in out.splitlines() if ln.startswith("SKIPPED")]
     assert "SKIPPED [3] not a missing package" in lines, lines
-    assert any(ln.startswith("SKIPPED [1] missing package: gpucoll_no_such_package.sub (pip install") for ln in lines)
+    # one line for the package, whatever each test said it needed it for
+    assert any(ln.startswith("SKIPPED [2] missing package: gpucoll_no_such_package.sub (pip install") for ln in lines)
     assert any(ln.startswith("SKIPPED [1] could not import 'gpucoll_no_such_module'") for ln in lines), lines
     assert len(lines) == len({ln.split("] ", 1)[1] for ln in lines}), "one line per reason"
 
@@ -76,7 +80,8 @@ def test_require_deps_fails_missing_package_skips_outside_the_gpu_marker(tmp_pat
     assert "test_gpu_marked" not in out.split("short test summary info")[-1], out  # stays a skip
     assert "SKIPPED [3] not a missing package" in out
     assert "module skipped for a missing package: test_module_skip.py" in out
-    assert "2 failed, 1 passed" in out, out
+    assert "FAILED test_sample.py::test_require_for_a_stated_reason" in out
+    assert "3 failed, 1 passed" in out, out
 
 
 def test_a_module_level_missing_package_alone_fails_the_session(tmp_path):
