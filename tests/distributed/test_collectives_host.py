@@ -699,32 +699,6 @@ def _pieces(case, W: int) -> int:
     return -(-n // piece)
 
 
-# World sizes the sweep above leaves out are proven by the schedule checker only (tests/unit/test_schedules.py,
-# 1..64); 6 and 7 (even non-power-of-two, odd prime above 5) also run: every algorithm of every collective, and
-# every root, executed and compared bit for bit (without the dtype x op, large, hierarchical and bad-input sections,
-# which do not depend on the world size's shape).
-EXTRA_WORLD_SIZES = (6, 7)
-
-
-@pytest.fixture(scope="module", params=EXTRA_WORLD_SIZES, ids=lambda w: f"ws{w}")
-def extra_reports(request):
-    W = request.param
-    cases = [c for c in cases_for(W) if c[0] in ("algos", "roots")]
-    t0 = time.monotonic()
-    with pytest.MonkeyPatch.context() as mp:
-        _clean_env(mp)
-        per_rank = gpucoll.spawn(_collectives_worker, W, args=(cases, {}), backend="host", timeout=TIMEOUT)
-    print(f"\nworld size {W} (algos, roots): {time.monotonic() - t0:.1f} s")
-    return W, per_rank, cases
-
-
-def test_every_algorithm_and_root_executes_at_world_sizes_6_and_7(extra_reports):
-    W, per_rank, cases = extra_reports
-    for section in ("algos", "roots"):
-        _check_section(W, per_rank, section, _expected([c for c in cases if c[0] == section], per_rank))
-    assert not [f for rep in per_rank for f in rep["failures"]], per_rank[0]["failures"][:5]
-
-
 def test_case_table_covers_every_axis():
     """Every dtype, op, algorithm (for every collective it implements), collective and world size appears; every
     root of every rooted collective with every algorithm; every dtype x op on every reducing collective; every
