@@ -21,6 +21,7 @@ import numpy as np
 
 import gpucoll
 from gpucoll import _C
+from gpucoll._help import HelpFormatter
 
 
 def _measure(comm, sizes, algos):
@@ -49,12 +50,17 @@ def _features(algo, nranks, nbytes):
     return x, y
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nranks", default="2,4")
-    ap.add_argument("--sizes", default="4K,64K,1M,16M")
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""),
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--nranks", default="2,4", help="comma-separated world sizes to measure")
+    ap.add_argument("--sizes", default="4K,64K,1M,16M", help="comma-separated allreduce sizes (K/M/G suffixes)")
     ap.add_argument("--json", help="write measurements and fit here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     sizes = [_C.parse_bytes(s) for s in args.sizes.split(",")]
     rows = []
     for p in (int(v) for v in args.nranks.split(",")):

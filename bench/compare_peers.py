@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from gpucoll._help import HelpFormatter
+
 
 def _iters_for(nbytes: int):
     """(warmup, iters) giving each size about a second on the slowest peer here (gloo, 2 cores)."""
@@ -190,19 +192,24 @@ def _size_str(n):
     return str(n)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nranks", type=int, default=4)
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""),
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--nranks", type=int, default=4, help="ranks of every peer")
     ap.add_argument("--sizes", default="64K,1M,64M", help="comma-separated byte sizes (K/M/G suffixes)")
     ap.add_argument("--iters", type=int, default=None, help="timed calls per size (default: by size)")
     ap.add_argument("--warmup", type=int, default=None, help="warmup calls per size (default: by size)")
     ap.add_argument("--peers", default="gpucoll,gloo,mpi", help="which to run, comma-separated")
     ap.add_argument("--algos", default="auto",
                     help="gpucoll algorithms to run, comma-separated, or 'all' (each becomes its own column)")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each peer's ranks may take")
+    ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
     ap.add_argument("--_mpi-worker", dest="mpi_worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if args.mpi_worker:
         _mpi_worker([tuple(x) for x in json.loads(args.mpi_worker)])
         return 0

@@ -38,6 +38,8 @@ import statistics
 import sys
 import time
 
+from gpucoll._help import HelpFormatter
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -173,22 +175,28 @@ def run(n: int, args) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""),
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--nranks", type=int, nargs="+", default=[2, 4], help="world sizes to run, one after the other")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model and gradients live (cuda: gpucoll against nccl; cpu: against gloo)")
     ap.add_argument("--width", type=int, default=2896, help="MLP width (3 layers of 2896: 25.2M parameters)")
-    ap.add_argument("--depth", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--depth", type=int, default=3, help="MLP layers")
+    ap.add_argument("--batch", type=int, default=8, help="samples per rank and step")
     ap.add_argument("--steps", type=int, default=5, help="steps timed per round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per variant; the median round is reported")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before each variant's rounds")
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP(gradient_as_bucket_view=True) for every variant: gradients live in the buckets, which "
                          "saves DDP's two copies of them a step")
-    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds the ranks may take in all")
     ap.add_argument("--json", help="write the figures here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     ref = "nccl" if args.device == "cuda" else "gloo"
     load_before = os.getloadavg()
     view = ", gradient_as_bucket_view" if args.bucket_view else ""

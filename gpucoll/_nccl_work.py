@@ -36,8 +36,9 @@ class PreMulSum:
 
 
 def premul_sum(scalar) -> PreMulSum:
-    """An ``op=`` for all_reduce, reduce and reduce_scatter on the nccl backend: every rank's input is multiplied by
-    `scalar` before the sum (one fused pass, e.g. ``premul_sum(1 / world_size)`` for a mean of gradients).
+    """An ``op=`` for all_reduce, reduce and reduce_scatter on the nccl and host backends: every rank's input is
+    multiplied by `scalar` before the sum (one fused pass, e.g. ``premul_sum(1 / world_size)`` for a mean of
+    gradients). The custom backend hands it to NCCL (its kernels have no pre-multiplied sum other than avg).
 
     `scalar` must be a finite real number; it is converted to the reduction's dtype when the collective runs (an
     integer dtype needs an integer scalar that fits it)."""

@@ -1,24 +1,31 @@
 """gpucoll.spawn: run a function on N local ranks, each with an initialised Communicator.
 
 Workers are started with multiprocessing's "spawn" method (safe with threads and CUDA), rendezvous on a free
-loopback port, and send back their return value or their exception. A worker's exception is re-raised in the
+loopback port, and send back their return value or their exception. A "spawn" child is a fresh interpreter that
+imports the parent's main module again and unpickles `fn` by name, so what cannot work that way is refused in the
+parent, before any rank starts, with one error that says what to do: a call reachable from the top level of a main
+script without an ``if __name__ == "__main__":`` guard (each child would spawn ranks of its own), and an `fn` the
+children cannot import (a lambda, a nested function, a function typed into an interactive session, ``python -c`` or
+stdin). A worker's exception is re-raised in the
 parent as the same exception type with the rank and the worker's traceback attached (``exc.rank``, a note,
 and ``exc.results`` with the values of the ranks that did return).
 """
 
 from __future__ import annotations
 
+import ast
 import multiprocessing as mp
 import os
 import pickle
 import queue
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from gpucoll.errors import GpucollError, InvalidArgument, RemoteError
+from gpucoll.errors import GpucollError, InvalidArgument, InvalidUsage, RemoteError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,6 +70,8 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable; got {type(fn).__name__}")
+    _check_main_guard()
+    _check_sendable(fn, args, init_kwargs)
     worker_env: dict = {}
     if backend in ("auto", "nccl"):
         # Decided here, before any worker starts: a missing GPU or NCCL is one clear error, not N failed ranks.
@@ -87,9 +96,6 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         p.start()
     outcome: dict = {}
     first_failure_at = None
-    # After a failure the other ranks notice the dead/failed peer within milliseconds; give them until their
-    # own timeout to report, then stop them.
-    grace = timeout + 10.0
     try:
         while len(outcome) < nranks:
             try:
@@ -113,14 +119,10 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
                         outcome[r] = ("exited", p.exitcode)
                         if first_failure_at is None:
                             first_failure_at = time.monotonic()
-            if first_failure_at is not None and time.monotonic() - first_failure_at > grace:
+            if first_failure_at is not None and time.monotonic() - first_failure_at > _FAILURE_GRACE_S:
                 break
     finally:
-        for p in procs:
-            p.join(timeout=5.0)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5.0)
+        _stop(procs, outcome)
     values = [None] * nranks
     failures = []
     for r in range(nranks):
@@ -132,6 +134,100 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
     if not failures:
         return values
     raise _pick_failure(failures, values)
+
+
+_GUARD = 'if __name__ == "__main__":'
+
+
+def _guarded_lines(tree: ast.Module) -> list:
+    """Line ranges of the branches of every `if` that tests __name__ (a main guard, either branch)."""
+    ranges = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Name) and n.id == "__name__"
+                                            for n in ast.walk(node.test)):
+            ranges.append((node.lineno, node.end_lineno))
+    return ranges
+
+
+def _check_main_guard() -> None:
+    """Refuse a spawn that each child would run again when it imports the main module (multiprocessing then fails
+    in every child with its "bootstrapping phase" error). The outermost frame of the main module's own top-level
+    code tells where the call came from; it must be inside a main guard."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return  # interactive, -c, stdin: the children do not import the main module
+    outer = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            outer = frame
+        frame = frame.f_back
+    if outer is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return  # cannot tell
+    line = outer.f_lineno
+    if not any(lo <= line <= hi for lo, hi in _guarded_lines(tree)):
+        raise InvalidUsage(
+            f"gpucoll.spawn is reached from the top level of {path} (line {line}) without a main guard. Each rank is a "
+            f"new Python process that imports {os.path.basename(path)} again, so it would run this line too and start "
+            f"ranks of its own. Put the code that starts the ranks under `{_GUARD}` (functions the ranks run stay at "
+            f"the top level).")
+
+
+def _check_sendable(fn, args, init_kwargs) -> None:
+    """`fn` and its arguments must reach the children: pickled by reference to an importable function."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    where = f"fn={name!r}"
+    if getattr(fn, "__name__", None) == "<lambda>" or "<locals>" in str(getattr(fn, "__qualname__", "")):
+        raise InvalidArgument(
+            f"{where} is a lambda or a function defined inside another function: the ranks are new processes that "
+            f"import fn by its module and name, which such functions do not have. Define it with `def` at the top "
+            f"level of a module (pass what it needs through args=).")
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.isfile(main_file):
+        # `python -` sets __file__ to "<stdin>": multiprocessing's children would fail to import that path.
+        raise InvalidUsage(
+            f"gpucoll.spawn cannot start ranks from a program read from {main_file}: each rank is a new Python process "
+            f"that imports the main program from its file, and this one has none. Save the program as a .py file "
+            f"(calling spawn under `{_GUARD}`) and run that.")
+    if getattr(fn, "__module__", None) == "__main__" and main_file is None:
+        raise InvalidArgument(
+            f"{where} is defined in an interactive session (or python -c): the ranks are new processes that "
+            f"import fn from its module, and this session's code exists in no file they can import. Put fn in a .py "
+            f"file and import it from there, or run a script that defines it and calls spawn under `{_GUARD}`.")
+    for what, value in ((where, fn), ("args", tuple(args)), ("the init keyword arguments", init_kwargs)):
+        try:
+            pickle.dumps(value)
+        except Exception as e:  # noqa: BLE001 - pickling raises many types (PicklingError, TypeError, AttributeError)
+            raise InvalidArgument(f"{what} cannot be sent to the spawned ranks (they are new processes and receive it "
+                                  f"pickled): {type(e).__name__}: {e}") from None
+
+
+# After the first failure, how long the other ranks have to report. A rank in a collective with a failed or dead peer
+# notices it within milliseconds (the host backend sees a peer's exit; NCCL's watchdog its own timeout, which started
+# with the collective); a rank that has not reported by then is hung (in user code, or waiting on a hung peer) and
+# is stopped: spawn then returns within the failing rank's timeout plus this grace, not a second timeout.
+_FAILURE_GRACE_S = 1.0
+
+
+def _stop(procs, outcome) -> None:
+    """Join the ranks that reported (they are closing and exiting), stop the others at once."""
+    deadline = time.monotonic() + 5.0
+    for r, p in enumerate(procs):
+        if r in outcome:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=2.0)
+        if p.is_alive():  # SIGTERM blocked or ignored
+            p.kill()
+            p.join(timeout=2.0)
 
 
 def _pick_failure(failures, values):

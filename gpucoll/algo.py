@@ -4,17 +4,29 @@ For every registered algorithm that implements the collective it prints the step
 sends and receives (from the schedule checker, the same counts the cost model uses), the model's predicted
 time on the host backend, and which one ``algo="auto"`` picks. ``--steps`` prints the schedule itself: at
 every step, which rank reads (receives) which chunk from whom, and whether it copies or reduces it.
+
+With GPUCOLL_TUNING_FILE set, an algorithm that the file fits on the host backend (``host:<algorithm>@SHM``, written
+by gpucoll-tune from gpucoll-bench runs) is priced by that fit, as gpucoll's topology-aware model prices the host
+backend; its row says "tuned".
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
-from gpucoll.errors import GpucollError
+from gpucoll import _C, config
+from gpucoll._help import HelpFormatter
+from gpucoll.bench.colls import canonical
+from gpucoll.errors import GpucollError, InvalidArgument
 
 COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
+
+COLUMNS = ("# steps: synchronised steps of the schedule per piece; sent/rank, recv/rank: bytes the busiest rank sends "
+           "and receives for the whole call; predicted: time per call")
 
 
 def _human(n: float) -> str:
@@ -25,52 +37,88 @@ def _human(n: float) -> str:
     return f"{n} B"
 
 
-def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: int = 0, steps: bool = False,
-            out=sys.stdout) -> dict:
-    """Print (and return as a dict) the comparison of every algorithm for one call."""
-    from gpucoll import _C
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
-    if coll not in COLLS:
-        raise GpucollError(f"collective must be one of {', '.join(COLLS)}; got {coll!r}")
+
+def tuning_fits() -> tuple[str, dict]:
+    """(path, fits) of GPUCOLL_TUNING_FILE, ("", {}) when unset. A file that cannot be read or parsed raises
+    InvalidArgument naming it (the C++ core's parser checks it, as the selector would)."""
+    path = config.get("GPUCOLL_TUNING_FILE").strip()
+    if not path:
+        return "", {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise InvalidArgument(f"GPUCOLL_TUNING_FILE={path}: cannot read it: {e}") from None
+    try:
+        _C.topo_check_tuning(text)
+    except GpucollError as e:
+        raise InvalidArgument(f"GPUCOLL_TUNING_FILE={path}: {e}") from None
+    return path, json.loads(text).get("fits", {})
+
+
+def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: int = 0, steps: bool = False,
+            out=None) -> dict:
+    """Print (and return as a dict) the comparison of every algorithm for one call (to stdout by default)."""
+    out = sys.stdout if out is None else out
+    name = canonical(coll)
+    if name not in COLLS:
+        raise InvalidArgument(f"collective must be one of {', '.join(COLLS)}; got {coll!r}")
+    coll = name
+    if coll in BLOCKED and nbytes % nranks:
+        lower = nbytes - nbytes % nranks
+        raise InvalidArgument(f"{coll} splits its {nbytes}-byte buffer into {nranks} equal blocks, one per rank: "
+                              f"{nbytes} is not a multiple of {nranks} (try {lower or nranks} or {lower + nranks})")
     cid = COLLS.index(coll)
     cp = _C.cost_params()
+    path, fits = tuning_fits()
     print(f"# {coll}: {nranks} ranks, {_human(nbytes)}"
           + (f", local_size {local_size}" if local_size else "")
           + (f", root {root}" if coll in ("broadcast", "reduce", "gather", "scatter") else ""), file=out)
     print(f"# host cost model: a = {cp['a'] * 1e6:.1f} us per step, b = {cp['b'] * 1e9:.3f} ns per byte, "
           f"{cp['cores']} cores (terms scale by ranks/cores when ranks outnumber cores)", file=out)
+    if path:
+        print(f"# GPUCOLL_TUNING_FILE={path}: rows marked tuned are priced by its host:<algorithm>@SHM fit (steps x a "
+              f"+ bytes x b); auto on the host backend picks by the model above", file=out)
+    print(COLUMNS, file=out)
     try:
         chosen = _C.select_algorithm(cid, nranks, nbytes, local_size, "auto")
     except GpucollError as exc:
         chosen = None
         print(f"# auto: {exc}", file=out)
-    header = f"{'algorithm':>18} {'steps':>6} {'sent/rank':>12} {'recv/rank':>12} {'predicted':>12}  note"
-    print(header, file=out)
+    print(f"{'algorithm':>18} {'steps':>6} {'sent/rank':>12} {'recv/rank':>12} {'predicted':>12}  note", file=out)
     rows = {}
-    for name in _C.algorithm_names():
-        pred = _C.predict(name, cid, nranks, nbytes, local_size)
+    for algo in _C.algorithm_names():
+        pred = _C.predict(algo, cid, nranks, nbytes, local_size)
         if not pred["usable"]:
-            if _C.algorithm_supports(name, cid):
-                print(f"{name:>18} {'-':>6} {'-':>12} {'-':>12} {'-':>12}  cannot run: {pred['reason']}", file=out)
-            rows[name] = {"usable": False, "reason": pred["reason"]}
+            if _C.algorithm_supports(algo, cid):
+                print(f"{algo:>18} {'-':>6} {'-':>12} {'-':>12} {'-':>12}  cannot run: {pred['reason']}", file=out)
+            rows[algo] = {"usable": False, "reason": pred["reason"]}
             continue
-        note = "<- auto" if name == chosen else ""
-        print(f"{name:>18} {pred['steps']:>6} {_human(pred['bytes_sent']):>12} {_human(pred['bytes_recv']):>12} "
-              f"{pred['seconds'] * 1e6:>9.1f} us  {note}", file=out)
-        rows[name] = dict(pred)
+        row = dict(pred, model="default")
+        fit = fits.get(f"host:{algo}@SHM")
+        terms = _C.topo_model_terms("custom", algo, coll, nranks, local_size or nranks) if fit else None
+        if terms is not None:
+            row["seconds"] = terms[0] * fit["a_s"] + terms[1] * nbytes * fit["b_s_per_byte"]
+            row["model"] = "tuned"
+        notes = [n for n in ("tuned" if row["model"] == "tuned" else "", "<- auto" if algo == chosen else "") if n]
+        print(f"{algo:>18} {pred['steps']:>6} {_human(pred['bytes_sent']):>12} {_human(pred['bytes_recv']):>12} "
+              f"{row['seconds'] * 1e6:>9.1f} us  {', '.join(notes)}".rstrip(), file=out)
+        rows[algo] = row
     if steps:
-        for name, row in rows.items():
+        for algo, row in rows.items():
             if row.get("usable"):
-                _print_steps(name, cid, nranks, root, local_size, out)
-    return {"collective": coll, "nranks": nranks, "bytes": nbytes, "auto": chosen, "algorithms": rows}
+                _print_steps(algo, cid, nranks, root, local_size, out)
+    return {"collective": coll, "nranks": nranks, "bytes": nbytes, "auto": chosen, "algorithms": rows,
+            "tuning_file": path}
 
 
 def _print_steps(name: str, cid: int, nranks: int, root: int, local_size: int, out) -> None:
-    from gpucoll import _C
-
     per_rank = [_C.schedule_ops(name, cid, nranks, root, local_size, r) for r in range(nranks)]
     nsteps = len(per_rank[0]["steps"])
-    print(f"\n## {name}: {nsteps} steps, buffer in {per_rank[0]['nchunks']} chunks, result in "
+    print(f"\n## {name}: {_plural(nsteps, 'step')}, buffer in {_plural(per_rank[0]['nchunks'], 'chunk')}, result in "
           f"{per_rank[0]['result']}", file=out)
     for t in range(nsteps):
         moves = []
@@ -85,18 +133,35 @@ def _print_steps(name: str, cid: int, nranks: int, root: int, local_size: int, o
         print(f"  step {t}: " + "; ".join(moves), file=out)
 
 
-def main(argv=None) -> int:
-    from gpucoll import _C
+def _collective(text: str) -> str:
+    name = canonical(text)
+    if name not in COLLS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(COLLS)})")
+    return name
 
-    parser = argparse.ArgumentParser(prog="python -m gpucoll.algo", description=__doc__.split("\n\n")[0])
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gpucoll.algo", formatter_class=HelpFormatter,
+                                     description="See the algorithms: python -m gpucoll.algo explain all_reduce "
+                                                 "--nranks 8 --bytes 1M [--steps]")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("explain", help="compare the algorithms for one collective call")
-    p.add_argument("collective", choices=COLLS)
-    p.add_argument("--nranks", type=int, default=8)
-    p.add_argument("--bytes", default="1M", help="message size: for blocked collectives the whole buffer (P*n)")
-    p.add_argument("--local-size", type=int, default=0, help="ranks per node, for hierarchical")
-    p.add_argument("--root", type=int, default=0)
+    p = sub.add_parser("explain", help="compare the algorithms for one collective call",
+                       description="Compare every algorithm for one collective call: " + COLUMNS[2:] + ".",
+                       formatter_class=HelpFormatter)
+    p.add_argument("collective", type=_collective, help=f"{', '.join(COLLS)} (also spelled as gpucoll-bench and nccl-tests take them: "
+                                      f"allreduce, all-gather, all_reduce_perf)")
+    p.add_argument("--nranks", type=int, default=8, help="number of ranks")
+    p.add_argument("--bytes", default="1M", help="message size (K, M, G suffixes: powers of 1024); for all_gather, "
+                                                 "reduce_scatter, all_to_all, gather and scatter the whole buffer: "
+                                                 "nranks blocks")
+    p.add_argument("--local-size", type=int, default=0, help="ranks per node, for hierarchical (0: one node)")
+    p.add_argument("--root", type=int, default=0, help="root rank of broadcast, reduce, gather and scatter")
     p.add_argument("--steps", action="store_true", help="print every algorithm's step-by-step schedule")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         nbytes = _C.parse_bytes(args.bytes)
@@ -107,9 +172,15 @@ def main(argv=None) -> int:
         if args.local_size < 0:
             parser.error(f"--local-size must be >= 0 (0: one node), got {args.local_size}")
         explain(args.collective, args.nranks, nbytes, local_size=args.local_size, root=args.root, steps=args.steps)
+        sys.stdout.flush()
     except GpucollError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader left (`| head`): no traceback. Point stdout at /dev/null so that the interpreter's own final
+        # flush does not fail again (the recipe of Python's signal module documentation).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from gpucoll import _buffers, _log
+from gpucoll.bootstrap import LaunchInfo, detect_launch, external
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
 
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -387,9 +388,9 @@ class Communicator:
 
         if stream is not None:
             raise InvalidArgument(_HOST_STREAM)
-        if redop is not None and type(redop) is not _C.RedOp:
-            raise Unsupported(f"{redop!r} needs the nccl backend; the host backend reduces with sum, prod, min, max "
-                              f"and avg")
+        premul = None
+        if redop is not None and type(redop) is not _C.RedOp:  # a premul_sum (_parse_op allows nothing else)
+            premul, redop = float(redop.scalar), _C.RedOp.sum
         if self._group is not None and self._group:
             # Collectives keep their order relative to each other; queued p2p goes first so a group that
             # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
@@ -398,7 +399,7 @@ class Communicator:
         nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
-        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size)
+        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size, premul)
         return None
 
     def _run_custom(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op):
@@ -441,6 +442,19 @@ class Communicator:
                                   + (" (or the same array, for in place)" if alias_ok else ""))
         return dst
 
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str = "float32", algo="auto") -> str:
+        """What a call of collective `coll` (gpucoll's numbering, e.g. communicator.ALL_REDUCE) moving `nbytes` in all
+        (the world-sized buffer for all_gather, reduce_scatter, all_to_all, gather, scatter) runs with `algo`: the
+        host backend's schedule name, "custom:<kernel>" when the custom backend runs one of its kernels, "nccl"
+        where NCCL runs it (NCCL picks its own algorithm)."""
+        if not self._nccl:
+            return self._select(coll, algo, nbytes)
+        sel = self._selector
+        if self._backend != "custom" or sel is None or (sel.gpus is None and not self._chosen):
+            return "nccl" if self._backend == "nccl" else "custom"
+        choice = sel.choose(coll, nbytes, dtype, algo, backend="auto" if self._chosen else "custom")
+        return f"custom:{choice.algorithm}" if choice.backend == "custom" else "nccl"
+
     def _select(self, coll: int, algo, nbytes: int) -> str:
         from gpucoll import _C
 
@@ -468,9 +482,8 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
     LOCAL_RANK or the launcher's equivalent); `timeout` also bounds NCCL's init and every collective.
 
     from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
-    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store)."""
-    from gpucoll.bootstrap import TCPStore, detect_launch
-
+    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store).
+    Under torchrun the ranks meet through the store its agent already serves (MASTER_ADDR:MASTER_PORT)."""
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if from_torch is not None or mpi_comm is not None:
         given = [n for n, v in (("rank", rank), ("world_size", world_size), ("address", address), ("port", port),
@@ -479,15 +492,13 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
         if given:
             raise InvalidArgument(f"{', '.join(given)} cannot be combined with "
                                   f"{'from_torch' if from_torch is not None else 'mpi_comm'}: the group supplies them")
-        from gpucoll.bootstrap import external
-
         if from_torch is not None:
             launch, store = external.from_torch(from_torch, timeout, local_rank)
         else:
             launch, store = external.from_mpi(mpi_comm, timeout, local_rank)
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
-        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
+        store = external.launcher_store(launch, timeout)
     return _build(launch, store, kind, timeout, local_size, device, backend)
 
 
@@ -526,9 +537,6 @@ def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto",
     `store` is a torch.distributed Store (wrapped, never closed: it belongs to torch) or an object with gpucoll's
     store interface (set, get(key, timeout), add, check, close). Several communicators may share one store: each
     init takes its own keys. Every rank of the group must call this together, as with init."""
-    from gpucoll.bootstrap import LaunchInfo
-    from gpucoll.bootstrap.external import TorchStore, _local_from_env
-
     for name, value in (("rank", rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidArgument(f"{name} must be an int; got {value!r}")
@@ -536,8 +544,8 @@ def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto",
         raise InvalidArgument(f"need 0 <= rank < world_size; got rank {rank}, world_size {world_size}")
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if type(store).__module__.startswith("torch"):
-        store = TorchStore(store, timeout)
-    lr, lsize = _local_from_env(rank, world_size)
+        store = external.TorchStore(store, timeout)
+    lr, lsize = external._local_from_env(rank, world_size)
     if local_rank is not None:
         lr, lsize = local_rank, max(lsize, local_rank + 1)
     launch = LaunchInfo(rank=rank, world_size=world_size, local_rank=lr, local_world_size=lsize, address="", port=0,

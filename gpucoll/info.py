@@ -13,6 +13,7 @@ import json
 import platform
 import sys
 
+from gpucoll._help import HelpFormatter
 from gpucoll._version import __version__
 
 # Versions reported when installed. CuPy ships under one distribution name per CUDA major.
@@ -210,12 +211,15 @@ def format_text(info: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpucoll info", description="Report gpucoll's build, CUDA, NCCL and configuration."
-    )
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gpucoll info", formatter_class=HelpFormatter,
+                                     description="Report gpucoll's build, CUDA, NCCL and configuration.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     info = collect()
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))

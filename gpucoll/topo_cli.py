@@ -13,6 +13,7 @@ import json
 import sys
 
 from gpucoll import _select, topology
+from gpucoll._help import HelpFormatter
 from gpucoll.errors import GpucollError
 
 
@@ -67,7 +68,7 @@ def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_no
 
 
 def print_report(doc: dict, out=None) -> None:
-    out = out or sys.stdout  # looked up per call: a default bound at import keeps a stream that may be closed
+    out = sys.stdout if out is None else out  # looked up per call: a default bound at import goes stale
     t = doc["topology"]
     gpus = t["gpus"]
     n = len(gpus)
@@ -91,12 +92,16 @@ def print_report(doc: dict, out=None) -> None:
           "one-direction GB/s the model uses", file=out)
     for nic in t["nics"]:
         paths = " ".join(nic["gpu_paths"]) or "-"
-        print(f"# NIC {nic['name']} host {nic['host']} {nic['speed_gbps']:g} Gb/s, paths to GPUs: {paths}", file=out)
+        speed = f"{nic['speed_gbps']:g} Gb/s" if nic["speed_gbps"] > 0 else "speed unknown"
+        print(f"# NIC {nic['name']} host {nic['host']} {speed}, paths to GPUs: {paths}", file=out)
     lay = doc["layout"]
     print(f"# layout: {lay['nodes']} node(s) x {lay['ranks_per_node']} ranks", file=out)
-    print(f"# ring (NCCL-style, any path): {' -> '.join(map(str, doc['ring']))}", file=out)
+    # The rings are built inside a node (node 0's GPUs; every node has the same shape); across nodes the
+    # two-level algorithms of the trees line below connect them.
+    ring = "ring per node, node 0 shown" if lay["nodes"] > 1 else "ring"
+    print(f"# {ring} (NCCL-style, any path): {' -> '.join(map(str, doc['ring']))}", file=out)
     p2p = doc["p2p_ring"]
-    print(f"# ring over P2P only (our kernels): {' -> '.join(map(str, p2p)) if p2p else 'none (no P2P ring)'}",
+    print(f"# {ring} over P2P only (our kernels): {' -> '.join(map(str, p2p)) if p2p else 'none (no P2P ring)'}",
           file=out)
     tr = doc["trees"]
     print(f"# trees: chain per node {tr['chains']}; between nodes (parent, child): {tr['inter'] or '-'}", file=out)
@@ -114,27 +119,35 @@ def print_report(doc: dict, out=None) -> None:
           "kernels, not yet measured; tuned = a gpucoll-tune fit", file=out)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gpucoll-topo", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucoll-topo", formatter_class=HelpFormatter, description=(
+        "See the wiring and what gpucoll would do on it: the GPU matrix as nvidia-smi topo -m prints it, with\n"
+        "gpucoll's link classes and each pair's bandwidth, the NICs, the rings and trees gpucoll would build, and for\n"
+        "a collective a table from 8 B to 1 GiB: chosen backend/algorithm, predicted time and bus bandwidth."))
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--from-nvidia-smi", metavar="FILE", help="`nvidia-smi topo -m` output ('-' for stdin)")
+    src.add_argument("--from-nvidia-smi", metavar="FILE", help="the output of nvidia-smi topo -m ('-' for stdin)")
     src.add_argument("--from-nccl-xml", metavar="FILE", help="NCCL_TOPO_DUMP_FILE output")
     src.add_argument("--from-json", metavar="FILE", help="a gpucoll topology JSON (GPUCOLL_TOPO_DUMP_FILE)")
     p.add_argument("--nodes", type=int, default=0, help="nodes in the job (a one-host topology is replicated)")
-    p.add_argument("--nranks-per-node", type=int, default=0, help="ranks per node (default: every GPU)")
-    p.add_argument("--coll", default="all_reduce", help="collective for the table (default all_reduce)")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--nranks-per-node", type=int, default=0, help="ranks per node (0: every GPU of a node)")
+    p.add_argument("--coll", default="all_reduce", help="collective for the table")
+    p.add_argument("--dtype", default="float32", help="element type of the table's calls (float32, float16, "
+                   "bfloat16, float64, int8, uint8, int32, int64): it decides which backends can run them")
     p.add_argument("--tuning", metavar="FILE", help="tuning JSON from gpucoll-tune (default: GPUCOLL_TUNING_FILE)")
     p.add_argument("--gpu", metavar="MODEL", help="GPU model when the input has no names (nvidia-smi text), e.g. "
                    "H800, A100, 'GeForce RTX 4090': sets compute capability, NVLink/PCIe generation, GeForce")
     p.add_argument("--cpu-vendor", choices=["intel", "amd", "arm"], help="CPU vendor (NCCL's P2P rule depends on it)")
     p.add_argument("--nic-gbps", type=float, metavar="GBPS", help="speed of every NIC (nvidia-smi text has none)")
     p.add_argument("--no-p2p", action="store_true", help="PCIe P2P unavailable between the GPUs (e.g. GeForce "
-                   "boards; NVML tells when detecting, `nvidia-smi topo -p2p r` appended to the text does too)")
+                   "boards; NVML tells when detecting, nvidia-smi topo -p2p r appended to the text does too)")
     p.add_argument("--nccl-version", default="", metavar="X.Y.Z", help="the NCCL the job loads (P2P rule changed "
                    "in 2.23; default: that rule)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
 
     def read(path):
         if path == "-":

@@ -22,18 +22,33 @@ import sys
 
 import numpy as np
 
+from gpucoll._help import HelpFormatter
+
+
+def _row_algorithm(row: dict, backend: str) -> tuple[str, str]:
+    """(backend, algorithm) a row measured: what "auto" resolved to where the row records it (gpucoll-bench's
+    "algo_resolved": a host schedule, "custom:<kernel>" or "nccl"), else the algorithm it names."""
+    algo = row.get("algo", "")
+    resolved = row.get("algo_resolved") or ""
+    if algo in ("", "auto") and resolved:
+        if resolved == "nccl":
+            return "nccl", ""
+        return ("custom", resolved[7:]) if resolved.startswith("custom:") else (backend, resolved)
+    return backend, algo
+
 
 def _rows(doc: dict):
     env = doc.get("environment", {})
     backend = env.get("backend", "host")
     nranks = int(env.get("nranks", 0))
+    coll = doc.get("config", {}).get("collective", "")
     for r in doc.get("results", []):
         for place in ("out_of_place", "in_place"):
             res = r.get(place) or {}
             if res.get("time") is not None and r.get("size"):
                 # a row names its backend (a merged --backend a,b sweep joins the names in environment.backend)
-                yield r.get("backend") or backend, r.get("algo", ""), r.get("collective") or doc.get("config", {}).get("collective", ""), \
-                    nranks, int(r["size"]), float(res["time"]) * 1e-6
+                row_backend, algo = _row_algorithm(r, r.get("backend") or backend)
+                yield row_backend, algo, r.get("collective") or coll, nranks, int(r["size"]), float(res["time"]) * 1e-6
 
 
 def fit(docs, link_class: str = "", local: int = 0) -> dict:
@@ -53,8 +68,12 @@ def fit(docs, link_class: str = "", local: int = 0) -> dict:
             # NCCL picks its own algorithm (gpucoll-bench runs it as auto): fit the pattern the model prices
             # NCCL with for this collective (a ring, or send/recv for all_to_all, gather and scatter).
             algo = "ring" if _C.topo_model_terms("nccl", "ring", coll, nranks, local) else "direct"
+        if algo in ("", "auto"):
+            skipped.append(f"{backend}:auto {coll} {nranks} ranks: the rows do not say which algorithm auto ran "
+                           f"(a gpucoll-bench without 'algo_resolved'); rerun the benchmark, or with --algo all")
+            continue
         terms = _C.topo_model_terms(backend if backend != "host" else "custom", algo, coll, nranks, local)
-        if terms is None or len(pts) < 2:
+        if terms is None or len({size for size, _ in pts}) < 2:  # in and out of place give two points per size
             why = "fewer than two sizes" if terms is not None else f"the model has no {algo!r} for {coll}"
             skipped.append(f"{backend}:{algo} {coll} {nranks} ranks: {why}")
             continue
@@ -109,15 +128,22 @@ def fit_network(docs, topo) -> dict | None:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gpucoll-tune", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucoll-tune", formatter_class=HelpFormatter, description=(
+        "Fit the cost model to measurements: time = steps * a + bytes * b per (backend, algorithm, link class),\n"
+        "from gpucoll-bench --json runs; the tuning file it writes is read through GPUCOLL_TUNING_FILE."))
     p.add_argument("results", nargs="+", help="gpucoll-bench --json files")
     p.add_argument("-o", "--output", required=True, help="tuning JSON to write (use with GPUCOLL_TUNING_FILE)")
-    p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET)")
-    p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs")
+    p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET, "
+                   "as gpucoll-topo shows them); host runs are SHM")
+    p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs (0: one node)")
     p.add_argument("--topology", metavar="FILE", help="one node's topology (any gpucoll-topo input): fit the NCCL "
                    "model's network latency and efficiency from NCCL runs across nodes")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     docs = []
     for path in args.results:
         with open(path) as f:
@@ -136,7 +162,10 @@ def main(argv=None) -> int:
     for line in out.pop("skipped"):
         print(f"gpucoll-tune: skipped {line}", file=sys.stderr)
     if not out["fits"] and "nccl_model" not in out:
-        print("gpucoll-tune: no (algorithm, size) series with at least two sizes in the input", file=sys.stderr)
+        print("gpucoll-tune: no (algorithm, size) series with at least two sizes in the input. Rows run as 'auto' "
+              "count under the algorithm auto picked at each size, so a sweep where auto changes its pick gives each "
+              "algorithm only some sizes: rerun gpucoll-bench with --algo all (every algorithm at every size)",
+              file=sys.stderr)
         return 2
     print(f"{'entry':<32} {'a (us/step)':>12} {'b (ns/B)':>10} {'GB/s':>8} {'points':>7} {'R^2':>7} {'max err':>8}")
     for key, f in out["fits"].items():

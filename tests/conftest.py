@@ -6,11 +6,20 @@
 * `@pytest.mark.gpu` tests (the marker is registered in pyproject.toml) are skipped with the reason when no CUDA
   GPU is usable. The decision uses gpucoll._C.cuda_probe() and never imports torch or CuPy, which would be slow
   and could initialise CUDA in the pytest process before workers fork or spawn.
+* `--require-deps` (.ci/run sets it through PYTEST_ADDOPTS) turns a skip for a missing package into a failure,
+  for every test outside the gpu marker: on CI, where `pip install -e ".[test]"` and the pinned CPU torch are
+  installed, such a skip means the extra or the environment lost a package and the tests it guards silently stopped
+  running. Missing-package skips are recognised by their reason: tests skip through helpers.require /
+  helpers.missing_reason (reason "missing package: ..."), and pytest.importorskip's own "could not import" counts
+  too.
+* The `-r s` summary is folded by reason: one line per reason with its count, instead of pytest's one line per
+  test location.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,6 +27,83 @@ import pytest
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
+
+from helpers import MISSING  # tests/ had to be put on sys.path first
+
+_IMPORTORSKIP = "could not import "  # the reason pytest.importorskip gives
+
+
+def pytest_addoption(parser):
+    parser.addoption("--require-deps", action="store_true",
+                     help="fail, instead of skip, any test outside the gpu marker that skips for a missing package "
+                          "(set by .ci/run)")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _missing_package(reason: str) -> bool:
+    return reason.startswith((MISSING, _IMPORTORSKIP))
+
+
+def _missing_under_require_deps(report, config, gpu: bool) -> str | None:
+    """The reason, when `report` is a skip for a missing package that --require-deps forbids; else None."""
+    if not report.skipped or gpu or not config.getoption("require_deps"):
+        return None
+    reason = _skip_reason(report)
+    return reason if _missing_package(reason) else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    reason = _missing_under_require_deps(report, item.config, item.get_closest_marker("gpu") is not None)
+    if reason is not None:
+        report.outcome = "failed"
+        report.longrepr = f"skipped for a missing package, which --require-deps (.ci/run) forbids: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A module-level importorskip. Failing the collection would interrupt the whole session; the module stays
+    # skipped and the session fails at the end instead (pytest_sessionfinish).
+    outcome = yield
+    reason = _missing_under_require_deps(outcome.get_result(), collector.config, gpu=False)
+    if reason is not None:
+        collector.config._gpucoll_missing_modules.append(f"{collector.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if session.config._gpucoll_missing_modules and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    config._gpucoll_missing_modules = []
+    # Take the skips out of pytest's own short summary; pytest_terminal_summary prints them folded by reason.
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and "s" in reporter.reportchars:
+        reporter.reportchars = reporter.reportchars.replace("s", "")
+        config._gpucoll_fold_skips = True
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for line in getattr(config, "_gpucoll_missing_modules", []):
+        terminalreporter.write_line(f"FAILED (--require-deps) module skipped for a missing package: {line}", red=True)
+    skipped = terminalreporter.stats.get("skipped", []) if getattr(config, "_gpucoll_fold_skips", False) else []
+    if not skipped:
+        return
+    # A missing package is one reason whatever the test says it needed it for (the part after "; ").
+    counts = Counter(_skip_reason(rep).split("; ")[0] if _skip_reason(rep).startswith(MISSING) else _skip_reason(rep)
+                     for rep in skipped)
+    terminalreporter.write_sep("=", "skipped tests by reason")
+    for reason, n in counts.most_common():
+        terminalreporter.write_line(f"SKIPPED [{n}] {reason}")
 
 
 def _gpu_unusable_reason():

@@ -1,8 +1,9 @@
 """Shared test utilities: exact-by-construction inputs, the NumPy reference, bit-exact comparison, shm listings.
 
 Inputs are integer-valued (or chosen from values whose products, minima and maxima are exact), so every result
-is exactly representable and independent of the reduction order; the only rounding anywhere is avg's single
-division, which the reference rounds once, correctly, into the dtype. Every rank can therefore check its result
+is exactly representable and independent of the reduction order. avg on floating types is NCCL's pre-multiplied
+sum (each input times 1/n rounded to the dtype, then summed): its inputs are multiples of n whose products with
+NCCL's 1/n round back to exact integers, so that sum is exact too. Every rank can therefore check its result
 bit for bit against this reference, as nccl-tests does.
 
 bfloat16 has no NumPy dtype: here a bf16 array is a float32 array whose values are all exactly representable in
@@ -13,6 +14,7 @@ This module imports only NumPy and the standard library, so spawned workers impo
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -27,8 +29,45 @@ INT_DTYPES = ("int8", "uint8", "int32", "int64")
 # Significand bits (with the implicit one): integers up to 2**p are exact, sums of them stay exact below that.
 _PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-HAVE_PYTEST_TIMEOUT = importlib.util.find_spec("pytest_timeout") is not None
+# -- optional packages --------------------------------------------------------------------------------------------
+# Every test that needs a package outside gpucoll's own dependencies skips through `require` (or with
+# `missing_reason`), so its reason starts with MISSING: tests/conftest.py recognises that text and, under
+# --require-deps (which .ci/run sets), fails such a test instead of skipping it. torch is not in the `test` extra
+# (pip would pull a CUDA build); every other package is.
+
+MISSING = "missing package"
+TORCH_CPU = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+_INSTALL = {"torch": TORCH_CPU}
+
+
+def have(module: str) -> bool:
+    """Whether `module` can be imported (a dotted name whose parent package is missing counts as missing:
+    importlib.util.find_spec raises ModuleNotFoundError for it instead of returning None)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_reason(module: str, what: str = "") -> str:
+    """The skip reason for a test that cannot run without `module` (the text --require-deps turns into a failure)."""
+    top = module.split(".")[0]
+    install = _INSTALL.get(top, 'pip install -e ".[test]"')
+    return f"{MISSING}: {module} ({install})" + (f"; {what}" if what else "")
+
+
+def require(module: str, what: str = ""):
+    """Import and return `module`, or skip the calling test with missing_reason(module, what)."""
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        pytest.skip(missing_reason(module, what), allow_module_level=True)
+
+
+HAVE_TORCH = have("torch")
+HAVE_PYTEST_TIMEOUT = have("pytest_timeout")
 
 
 def np_dtype(dtype: str):
@@ -69,7 +108,10 @@ def make_input(dtype: str, op: str, count: int, rank: int, world_size: int, seed
     """Rank `rank`'s input for an all_reduce of `count` elements with `op` over `world_size` ranks.
 
     Ranges, by op:
-    * sum/avg on floats: integers with |x| <= 2**p // world_size, so every partial sum is an exact integer.
+    * sum on floats: integers with |x| <= 2**p // world_size, so every partial sum is an exact integer.
+    * avg on floats: x = y * world_size with integers |y| <= 2**p // world_size for which x times NCCL's 1/n,
+      rounded to the dtype, is exactly y (avg_premul); the other elements are 0. Every partial sum of the
+      products is then an exact integer and the result is exactly the mean.
     * prod on floats: values in {+-0.5, +-1, +-2} and some zeros: every product is a power of two, at most
       2**world_size in magnitude.
     * min/max on floats: arbitrary finite non-zero values of the dtype (selection is always exact; zeros are
@@ -89,6 +131,10 @@ def make_input(dtype: str, op: str, count: int, rank: int, world_size: int, seed
             bound = 2 ** _PRECISION[dtype] // W
             small = bound < 2**31
             x = rng.integers(-bound, bound, size=count, endpoint=True, dtype=np.int32 if small else np.int64)
+            if op == "avg":
+                y = x.astype(np.float64)
+                x = y * W  # exact: |y * W| <= 2**p
+                x[avg_premul(x, dtype, W) != y] = 0.0
         elif op == "prod":
             # 100 slots: 4 zeros, 15+15 of +-0.5, 20+20 of +-1, 13+13 of +-2 (a lookup is much faster than
             # Generator.choice with weights).
@@ -130,6 +176,32 @@ def round_to_precision(x: np.ndarray, p: int) -> np.ndarray:
     return np.ldexp(np.rint(m * 2.0**p), e - p)  # scaling by 2**k is exact; rint rounds half to even
 
 
+def avg_scalar(dtype: str, world_size: int) -> float:
+    """NCCL's 1/n for avg on a floating dtype (src/enqueue.cc): 1.0/n in double, rounded to float32, then to
+    float16/bfloat16 (a double rounding NCCL does and gpucoll copies); float64 keeps 1.0/n."""
+    s = 1.0 / world_size
+    if dtype == "float64":
+        return s
+    s = float(np.float32(s))
+    if dtype == "float16":
+        return float(np.float16(s))
+    if dtype == "bfloat16":
+        return float(round_to_precision(np.array([s]), 8)[0])
+    return s
+
+
+def avg_premul(x: np.ndarray, dtype: str, world_size: int) -> np.ndarray:
+    """Each input element times avg_scalar, rounded once to the dtype (NCCL's FuncPreMulSum pre-op), as float64.
+    The product of two values of a floating dtype is exact in float64, so rounding it once is the dtype's own
+    correctly rounded multiplication."""
+    prod = np.asarray(x, dtype=np.float64) * avg_scalar(dtype, world_size)
+    if dtype == "float64":
+        return prod
+    if dtype == "bfloat16":
+        return round_to_precision(prod, 8)
+    return prod.astype(np.dtype(dtype)).astype(np.float64)
+
+
 def avg_int(total: np.ndarray, world_size: int, dtype: str) -> np.ndarray:
     """Integer avg: the (wrapped) sum divided with truncation toward zero, as C and NCCL do (not floor)."""
     s = total.astype(np.int64)
@@ -144,12 +216,12 @@ def reference(inputs: Sequence[np.ndarray], dtype: str, op: str) -> np.ndarray:
     if dtype in FLOAT_DTYPES:
         if op in ("sum", "avg", "prod"):
             stack = [np.asarray(a, dtype=np.float64) for a in inputs]  # every input value is exact in float64
+        if op == "avg":  # NCCL's pre-multiplied sum: exact for make_input's inputs (integer products)
+            stack = [avg_premul(a, dtype, W) for a in stack]
         if op in ("sum", "avg"):
             acc = stack[0].copy()
             for a in stack[1:]:
                 acc += a  # exact: integers far below 2**53
-            if op == "avg":
-                acc = acc / W  # one rounding to float64, then one to the dtype: innocuous (53 >= 2p + 2)
         elif op == "prod":
             acc = stack[0].copy()
             for a in stack[1:]:

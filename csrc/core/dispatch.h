@@ -7,6 +7,14 @@
 //
 // Elements are combined in their accumulation type (float for f16/bf16, the type itself otherwise) and
 // rounded back once per combine, which is what NCCL's kernels do for a pairwise reduction.
+//
+// avg is what NCCL's ncclAvg is (src/enqueue.cc hostToDevRedOp, src/device/reduce_kernel.h):
+//   floating types  a pre-multiplied sum: every rank's input is multiplied by 1/n (avg_scalar) and rounded to its
+//                   type (premul: FuncPreMulSum's pre-op), then the products are summed. Nothing overflows that the
+//                   result does not: three float16 60000s average to 60000, where a sum first would be inf.
+//   integer types   sum (wrapping), then divide the finished sum by n truncating toward zero (avg_finish: NCCL's
+//                   FuncSumPostDiv).
+// premul_sum(s) is the same pre-multiplied sum with the caller's scalar s (integers: a wrapping product).
 #pragma once
 
 #include <cstddef>
@@ -93,12 +101,83 @@ GPUCOLL_HD GPUCOLL_INLINE T combine(T a, T b, Op op) {
   return Acc<T>::store(op(Acc<T>::load(a), Acc<T>::load(b)));
 }
 
-// avg's final step: floating types divide by n (rounded once), integer types divide with truncation.
+// Whether avg is a pre-multiplied sum for T (floating types) or a sum then a division (integer types).
+template <class T>
+constexpr bool kAvgPreMul = !std::is_integral<T>::value;
+
+// NCCL's 1/n for avg on T: computed in double, rounded to float, then to f16/bf16 (NCCL converts with
+// __float2half(float(1.0/n)) and __float2bfloat16(float(1.0/n)); float is float(1.0/n), double 1.0/n). The double
+// rounding of f16/bf16 is NCCL's, kept on purpose so that the scalar has the same bits.
+template <class T>
+GPUCOLL_HD GPUCOLL_INLINE T avg_scalar(int n) {
+  if constexpr (std::is_same<T, double>::value) {
+    return 1.0 / static_cast<double>(n);
+  } else {
+    return Acc<T>::store(static_cast<float>(1.0 / static_cast<double>(n)));
+  }
+}
+
+// The pre-op of avg and premul_sum on one input element: x * s rounded once to T (the product of two f16 or bf16
+// values is exact in float, so rounding it to T gives what the GPU's __hmul gives); integers wrap like OpProd.
+template <class T>
+GPUCOLL_HD GPUCOLL_INLINE T premul(T x, T s) {
+  if constexpr (std::is_integral<T>::value) {
+    return OpProd{}(x, s);
+  } else {
+    return Acc<T>::store(Acc<T>::load(x) * Acc<T>::load(s));
+  }
+}
+
+// avg's last step on a finished sum: integer types divide by n with truncation toward zero; floating types were
+// pre-multiplied (premul with avg_scalar) and keep their sum.
 template <class T>
 GPUCOLL_HD GPUCOLL_INLINE T avg_finish(T sum, int n) {
-  using A = typename Acc<T>::type;
-  return Acc<T>::store(static_cast<A>(Acc<T>::load(sum) / static_cast<A>(n)));
+  if constexpr (kAvgPreMul<T>) {
+    (void)n;
+    return sum;
+  } else {
+    return static_cast<T>(sum / n);  // int8/uint8 promote to int: n may exceed their range
+  }
 }
+
+// The scalars avg needs on any T, computed once on the host and passed by value (a kernel parameter): 1/n in every
+// floating type as avg_scalar rounds it, and n for the integer division.
+struct AvgScalars {
+  int n = 1;
+  double f64 = 1.0;
+  float f32 = 1.0f;
+  f16_t f16{0x3c00};
+  bf16_t bf16{0x3f80};
+
+  GPUCOLL_HD static AvgScalars of(int nranks) {
+    AvgScalars s;
+    s.n = nranks;
+    s.f64 = avg_scalar<double>(nranks);
+    s.f32 = avg_scalar<float>(nranks);
+    s.f16 = avg_scalar<f16_t>(nranks);
+    s.bf16 = avg_scalar<bf16_t>(nranks);
+    return s;
+  }
+  // avg's pre-op on one input element of type T (identity for integers).
+  template <class T>
+  GPUCOLL_HD GPUCOLL_INLINE T pre(T x) const {
+    if constexpr (std::is_same<T, double>::value) {
+      return premul(x, f64);
+    } else if constexpr (std::is_same<T, float>::value) {
+      return premul(x, f32);
+    } else if constexpr (std::is_same<T, f16_t>::value) {
+      return premul(x, f16);
+    } else if constexpr (std::is_same<T, bf16_t>::value) {
+      return premul(x, bf16);
+    } else {
+      return x;
+    }
+  }
+  template <class T>
+  GPUCOLL_HD GPUCOLL_INLINE T finish(T sum) const {
+    return avg_finish(sum, n);
+  }
+};
 
 #define GPUCOLL_DTYPE_CASES(X) \
   X(kF16, f16_t)               \
@@ -128,7 +207,7 @@ decltype(auto) dispatch_dtype(DType dt, F&& f) {
   return f(TypeTag<float>{});
 }
 
-// kAvg dispatches to OpSum: backends finish avg with avg_finish after the reduction.
+// kAvg dispatches to OpSum: backends apply AvgScalars::pre to the inputs and AvgScalars::finish to the sums.
 template <class F>
 decltype(auto) dispatch_op(RedOp op, F&& f) {
   switch (op) {

@@ -22,7 +22,8 @@ constexpr bool kHasKernel = std::is_same<T, float>::value || std::is_same<T, f16
                             std::is_same<T, int32_t>::value;
 
 // f(TypeTag<T>, Op, Fin) for the kernels' (dtype, op); cudaErrorInvalidValue for the others. avg runs as sum
-// with AvgFinish, applied once to each finished sum (as the host backend and NCCL do).
+// with AvgFinish: its pre-op on every floating input, its finish on every integer sum (as the host backend and
+// NCCL do).
 template <class F>
 cudaError_t dispatch_custom(DType dtype, RedOp op, int nranks, F&& f) {
   if (!gpucoll::custom::dtype_supported(dtype) || !gpucoll::custom::op_supported(op)) return cudaErrorInvalidValue;

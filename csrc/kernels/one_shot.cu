@@ -5,7 +5,8 @@
 // Per block b (slice b of the message, see peer_ops.cuh):
 //   staged input:     copy slice b of `in` into this rank's staging half; registered input: nothing.
 //   barrier 0         every rank's slice b is readable (RAW).
-//   reduce            out[slice b] = fin(x_0 op x_1 op ... op x_{P-1}), accumulating in float for f16/bf16.
+//   reduce            out[slice b] = fin(pre(x_0) op ... op pre(x_{P-1})), accumulating in float for f16/bf16
+//                     (avg: pre multiplies floating inputs by 1/n, fin divides integer sums; primitives.cuh).
 //   barrier 1         every rank has finished reading slice b of our input (WAR). A registered input is the
 //                     user's own buffer, which the user may overwrite as soon as this kernel completes; the
 //                     staged path runs the same barrier so both paths take the same number of barriers

@@ -88,19 +88,20 @@ __device__ __forceinline__ PackSplit split_for(const T* dst, const Srcs<T>& s, s
   return pack_split<T>(count, ptrs, s.n + 1);
 }
 
-// dst[i] = fin(src0[i] op src1[i] op ... ) for i < count, by the threads of one block. Half types accumulate in
-// float and round once (Acc of core/dispatch.h), in the fixed order of `s`, so every rank that reduces the
-// same sources gets the same bits. dst may be one of the sources (same element, same thread).
+// dst[i] = fin(pre(src0[i]) op pre(src1[i]) op ... ) for i < count (pre: fin.pre), by the threads of one block.
+// Half types accumulate in float and round once (Acc of core/dispatch.h), in the fixed order of `s`, so every
+// rank that reduces the same sources gets the same bits. dst may be one of the sources (same element, same
+// thread).
 template <class T, class Op, class Fin>
 __device__ __forceinline__ void block_reduce(T* dst, const Srcs<T>& s, size_t count, Op op, Fin fin) {
   using A = typename Acc<T>::type;
   constexpr int kElems = Pack<T>::kElems;
   const PackSplit split = split_for(dst, s, count);
   auto scalar = [&](size_t i) {
-    A acc = Acc<T>::load(ld_cg(s.p[0] + i));
+    A acc = Acc<T>::load(fin.pre(ld_cg(s.p[0] + i)));
 #pragma unroll
     for (int k = 1; k < kMaxRanks + 1; ++k) {
-      if (k < s.n) acc = op(acc, Acc<T>::load(ld_cg(s.p[k] + i)));
+      if (k < s.n) acc = op(acc, Acc<T>::load(fin.pre(ld_cg(s.p[k] + i))));
     }
     dst[i] = fin(Acc<T>::store(acc));
   };
@@ -112,13 +113,13 @@ __device__ __forceinline__ void block_reduce(T* dst, const Srcs<T>& s, size_t co
     Pack<T> v;
     v.raw = ld_cg_pack(s.p[0] + off);
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) acc[e] = Acc<T>::load(v.elem[e]);
+    for (int e = 0; e < kElems; ++e) acc[e] = Acc<T>::load(fin.pre(v.elem[e]));
 #pragma unroll
     for (int k = 1; k < kMaxRanks + 1; ++k) {
       if (k < s.n) {
         v.raw = ld_cg_pack(s.p[k] + off);
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) acc[e] = op(acc[e], Acc<T>::load(v.elem[e]));
+        for (int e = 0; e < kElems; ++e) acc[e] = op(acc[e], Acc<T>::load(fin.pre(v.elem[e])));
       }
     }
     Pack<T> o;
@@ -129,14 +130,14 @@ __device__ __forceinline__ void block_reduce(T* dst, const Srcs<T>& s, size_t co
   for (size_t i = body_end + threadIdx.x; i < count; i += blockDim.x) scalar(i);
 }
 
-// dst[i] = fin(src[i]) for i < count, by the threads of one block; src may be a peer's memory. Without a
-// finish the bits move untouched (no round trip through float that could rewrite a NaN payload).
+// dst[i] = fin(fin.pre(src[i])) for i < count, by the threads of one block; src may be a peer's memory. With an
+// identity Fin the bits move untouched (no round trip through float that could rewrite a NaN payload).
 template <class T, class Fin>
 __device__ __forceinline__ void block_copy(T* dst, const T* src, size_t count, Fin fin) {
   Srcs<T> s;
   s.p[0] = src;
   s.n = 1;
-  if constexpr (!std::is_same<Fin, NoFinish>::value) {
+  if constexpr (!Fin::kIdentity) {
     block_reduce(dst, s, count, OpSum{}, fin);
   } else {
     constexpr int kElems = Pack<T>::kElems;
@@ -166,13 +167,14 @@ __device__ __forceinline__ void* staging(const AllReduceArgs& a, int q, uint64_t
   return static_cast<char*>(a.bufs.ptr[q]) + (calls & 1u) * a.half_bytes;
 }
 
-// Copies this block's slice of every chunk of `in` into this rank's staging half (nchunks slicing).
-template <class T>
-__device__ __forceinline__ void stage_input(const AllReduceArgs& a, uint64_t calls, int nchunks) {
+// Copies this block's slice of every chunk of `in` into this rank's staging half (nchunks slicing), applying the
+// pre-op of `fin` to each element (avg on floating types: times 1/n) when the schedule reduces staged data.
+template <class T, class Fin = NoFinish>
+__device__ __forceinline__ void stage_input(const AllReduceArgs& a, uint64_t calls, int nchunks, Fin fin = {}) {
   T* mine = static_cast<T*>(staging(a, a.rank, calls));
   for (int c = 0; c < nchunks; ++c) {
     const Range r = block_slice<T>(chunk_range(a.count, nchunks, c));
-    block_copy(mine + r.begin, at<T>(a.in, r.begin), r.count, NoFinish{});
+    block_copy(mine + r.begin, at<T>(a.in, r.begin), r.count, PreOnly<Fin>{fin});
   }
 }
 

@@ -9,7 +9,8 @@
 // their offset within 16 bytes no common split exists and the whole range goes scalar.
 //
 // Reductions combine in the accumulation type of core/dispatch.h (float for f16/bf16) and round back once
-// per element, exactly as the host backend does, so host and device results agree bit for bit.
+// per element, exactly as the host backend does, so host and device results agree bit for bit; avg pre-multiplies
+// floating inputs (AvgFinish::pre) and divides integer sums (AvgFinish), as the host backend and NCCL do.
 //
 // Memory ordering: these primitives use plain loads and stores. They are for buffers that no other agent
 // writes while the kernel runs (local buffers, or peer buffers behind a completed synchronisation);
@@ -69,20 +70,60 @@ __device__ GPUCOLL_INLINE size_t grid_threads() { return static_cast<size_t>(gri
 __device__ GPUCOLL_INLINE uint4 load_pack(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ GPUCOLL_INLINE void store_pack(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
-// What happens to each reduced element before it is stored: nothing, or avg's division by the world size.
+// What a reduction does besides combining (avg as core/dispatch.h defines it, NCCL's ncclAvg): `pre` on every input
+// element before it is combined (floating types: times 1/n), `operator()` on every finished result before it is
+// stored (integer types: divided by n). NoFinish does neither. kIdentity: both are the identity for every T.
 struct NoFinish {
+  static constexpr bool kIdentity = true;
+  template <class T>
+  __device__ GPUCOLL_INLINE T pre(T v) const {
+    return v;
+  }
   template <class T>
   __device__ GPUCOLL_INLINE T operator()(T v) const {
     return v;
   }
 };
 struct AvgFinish {
-  int divisor;
+  static constexpr bool kIdentity = false;
+  AvgScalars s;
+  explicit AvgFinish(int nranks) : s(AvgScalars::of(nranks)) {}  // on the host, once per launch
+  template <class T>
+  __device__ GPUCOLL_INLINE T pre(T v) const {
+    return s.pre(v);
+  }
   template <class T>
   __device__ GPUCOLL_INLINE T operator()(T v) const {
-    return avg_finish(v, divisor);
+    return s.finish(v);
   }
 };
+// Halves of a Fin, for kernels whose reduction is spread over steps: the pre-op where inputs enter (staging,
+// kPre), the finish where results leave.
+template <class Fin, bool kPre>
+struct FinPart {
+  static constexpr bool kIdentity = Fin::kIdentity;
+  Fin f;
+  template <class T>
+  __device__ GPUCOLL_INLINE T pre(T v) const {
+    if constexpr (kPre) {
+      return f.pre(v);
+    } else {
+      return v;
+    }
+  }
+  template <class T>
+  __device__ GPUCOLL_INLINE T operator()(T v) const {
+    if constexpr (kPre) {
+      return v;
+    } else {
+      return f(v);
+    }
+  }
+};
+template <class Fin>
+using PreOnly = FinPart<Fin, true>;
+template <class Fin>
+using FinishOnly = FinPart<Fin, false>;
 
 template <class T, class Op, class Fin>
 __device__ GPUCOLL_INLINE uint4 reduce_pack(uint4 a, uint4 b, Op op, Fin fin) {
@@ -90,7 +131,7 @@ __device__ GPUCOLL_INLINE uint4 reduce_pack(uint4 a, uint4 b, Op op, Fin fin) {
   pa.raw = a;
   pb.raw = b;
 #pragma unroll
-  for (int i = 0; i < Pack<T>::kElems; ++i) out.elem[i] = fin(combine(pa.elem[i], pb.elem[i], op));
+  for (int i = 0; i < Pack<T>::kElems; ++i) out.elem[i] = fin(combine(fin.pre(pa.elem[i]), fin.pre(pb.elem[i]), op));
   return out.raw;
 }
 
@@ -101,7 +142,9 @@ constexpr int kUnroll = 4;
 
 template <class T, class Op, class Fin>
 __device__ GPUCOLL_INLINE void reduce_scalar(T* dst, const T* a, const T* b, size_t begin, size_t end, Op op, Fin fin) {
-  for (size_t i = begin + global_thread(); i < end; i += grid_threads()) dst[i] = fin(combine(a[i], b[i], op));
+  for (size_t i = begin + global_thread(); i < end; i += grid_threads()) {
+    dst[i] = fin(combine(fin.pre(a[i]), fin.pre(b[i]), op));
+  }
 }
 
 // dst, a and b point at the first packed element and are 16-byte aligned.
@@ -127,7 +170,8 @@ __device__ GPUCOLL_INLINE void reduce_packs(T* dst, const T* a, const T* b, size
   for (; p < packs; p += stride) store_pack(pd + p, reduce_pack<T>(load_pack(pa + p), load_pack(pb + p), op, fin));
 }
 
-// dst[i] = fin(op(a[i], b[i])) for i < count. dst may be a or b (in place) but must not partially overlap.
+// dst[i] = fin(op(fin.pre(a[i]), fin.pre(b[i]))) for i < count. dst may be a or b (in place) but must not partially
+// overlap.
 template <class T, class Op, class Fin>
 __device__ GPUCOLL_INLINE void reduce_range(T* dst, const T* a, const T* b, size_t count, PackSplit split, Op op,
                                             Fin fin) {

@@ -104,8 +104,8 @@ cudaError_t launch_reduce(void* dst, const void* a, const void* b, size_t count,
   if (!aligned_to(dst, esize) || !aligned_to(a, esize) || !aligned_to(b, esize)) return cudaErrorInvalidValue;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // avg = sum, then the division applied to each summed element before it is stored (NCCL's ncclAvg and
-    // the host backend divide the same rounded sum, so all backends produce the same bits).
+    // avg as NCCL's ncclAvg and the host backend compute it (core/dispatch.h): pre-multiplied floating inputs,
+    // a divided integer sum.
     if (op == RedOp::kAvg) return launch_reduce_typed<T>(dst, a, b, count, OpSum{}, AvgFinish{avg_divisor}, stream);
     return dispatch_op(op, [&](auto fn) { return launch_reduce_typed<T>(dst, a, b, count, fn, NoFinish{}, stream); });
   });

@@ -10,8 +10,9 @@
 
 namespace gpucoll::cuda {
 
-// dst[i] = op(a[i], b[i]) for i < count, enqueued on `stream`. For RedOp::kAvg the sum is divided by
-// `avg_divisor` (the world size) as core/dispatch.h's avg_finish does; other ops ignore it. dst may equal a
+// dst[i] = op(a[i], b[i]) for i < count, enqueued on `stream`. RedOp::kAvg is avg over `avg_divisor` ranks as
+// core/dispatch.h defines it (floating: a[i]/n + b[i]/n, each pre-multiplied; integer: (a[i] + b[i]) / n); other
+// ops ignore avg_divisor. dst may equal a
 // or b (in place) but must not partially overlap them. Pointers must be aligned to the element size.
 // Returns cudaErrorInvalidValue for a bad dtype/op, null pointer, misaligned pointer or avg_divisor < 1,
 // otherwise the launch's status; count == 0 launches nothing.

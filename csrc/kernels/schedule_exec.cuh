@@ -3,7 +3,8 @@
 // GPU exactly as the host backend runs them and as the CPU tests check them. One schedule, several executors.
 //
 // Per block b (slice b of every chunk, see peer_ops.cuh):
-//   copy-in        slice b of every chunk of `in` -> this rank's staging half (the schedule's work buffer).
+//   copy-in        slice b of every chunk of `in` -> this rank's staging half (the schedule's work buffer),
+//                  applying avg's pre-op (floating types: times 1/n) as the host backend's copy-in does.
 //   barrier 0
 //   step t         the rank's ops for step t, in list order. Consecutive ops that write the same chunk of the
 //                  same space from the same chunk index form one group and are applied in one pass: a group
@@ -13,7 +14,7 @@
 //                  wrote in step t; WAR: nobody overwrites a chunk a peer still reads). Not after the last step:
 //                  copy-out reads only this rank's own buffer, and the half is next written two calls later
 //                  (see staging() in peer_ops.cuh).
-//   copy-out       result space (work) -> out, applying avg's division once per element.
+//   copy-out       result space (work) -> out, applying avg's finish once per element (integer types: / n).
 // Pipelining: blocks are independent (block b waits only for block b of its peers), so a fast block runs
 // ahead into later steps of its slice while a slow one finishes earlier steps: the slices are the pieces.
 //
@@ -45,7 +46,7 @@ __device__ __forceinline__ void run_schedule(const AllReduceArgs& a, Op op, Fin 
   const Sync s = begin_call(a);
   const algo::Params p = allreduce_params(a.nranks);
   const algo::Shape sh = Sched::shape(p);
-  stage_input<T>(a, s.calls, sh.nchunks);
+  stage_input<T>(a, s.calls, sh.nchunks, fin);
   barrier(s, 0);
   T* work = static_cast<T*>(staging(a, a.rank, s.calls));
   for (int32_t step = 0; step < sh.nsteps; ++step) {
@@ -66,7 +67,7 @@ __device__ __forceinline__ void run_schedule(const AllReduceArgs& a, Op op, Fin 
       if (head.action == algo::Action::kReduce) src.p[src.n++] = dst;
       for (int k = i; k < j; ++k) src.p[src.n++] = static_cast<const T*>(staging(a, ops[k].peer, s.calls)) + r.begin;
       if (head.dst == algo::Space::kOut && last) {
-        block_reduce(dst, src, r.count, op, fin);
+        block_reduce(dst, src, r.count, op, FinishOnly<Fin>{fin});
       } else {
         block_reduce(dst, src, r.count, op, NoFinish{});
       }
@@ -77,7 +78,7 @@ __device__ __forceinline__ void run_schedule(const AllReduceArgs& a, Op op, Fin 
   if (sh.result == algo::Space::kWork) {
     for (int c = 0; c < sh.nchunks; ++c) {
       const Range r = block_slice<T>(chunk_range(a.count, sh.nchunks, c));
-      block_copy(static_cast<T*>(a.out) + r.begin, work + r.begin, r.count, fin);
+      block_copy(static_cast<T*>(a.out) + r.begin, work + r.begin, r.count, FinishOnly<Fin>{fin});
     }
   }
   end_call(s);

@@ -6,10 +6,11 @@
 // Per block b (slice b of every chunk, see peer_ops.cuh):
 //   staged input:  copy slice b of every chunk of `in` into this rank's staging half.
 //   barrier 0      every rank's input slices are readable (RAW).
-//   reduce         staging[chunk r, slice b] = fin(x_0 op ... op x_{P-1}) over every rank's chunk r (their
-//                  staging half, or their registered input). Rank order 0..P-1 with float accumulation: the
+//   reduce         staging[chunk r, slice b] = fin(pre(x_0) op ... op pre(x_{P-1})) over every rank's chunk r
+//                  (their staging half, or their registered input). Rank order 0..P-1 with float accumulation: the
 //                  schedule's order (own input first) exists only because the host executor accumulates in
-//                  place; here the sum lives in registers. avg divides here, once, by the chunk's owner.
+//                  place; here the sum lives in registers. avg happens here, once, in the chunk's owner: pre
+//                  multiplies each floating input by 1/n, fin divides an integer sum by n.
 //                  Peers read only chunks q != r of this rank's staging half in this step, so writing chunk r
 //                  in place races nobody.
 //   barrier 1      every owner's reduced chunk is readable (RAW), and every rank finished reading our input

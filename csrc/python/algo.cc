@@ -1,5 +1,10 @@
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "algo/checker.h"
 #include "algo/registry.h"
 #include "algo/selector.h"
@@ -21,6 +26,38 @@ const algo::Algorithm& get_algorithm(const std::string& name) {
 algo::Params make_params(int coll, int nranks, int root, int local_size) {
   return algo::Params{static_cast<algo::Coll>(coll), nranks, root, local_size > 0 ? local_size : nranks};
 }
+
+// A schedule given as explicit tables (ops[rank][step]), so that tests can feed the checker schedules it must
+// reject: a registry entry's function pointers cannot capture, so they read the table being checked from here.
+struct TableSchedule {
+  algo::Shape shape;
+  std::vector<std::vector<std::vector<algo::Op>>> ops;
+};
+thread_local const TableSchedule* g_table = nullptr;
+
+const algo::Algorithm& table_algorithm() {
+  static const algo::Algorithm a = {
+      "table", "explicit op tables (tests)", [](algo::Coll) { return true; },
+      [](const algo::Params&) -> const char* { return nullptr; }, [](const algo::Params&) { return g_table->shape; },
+      [](const algo::Params&, int32_t rank, int32_t step, algo::Op* out) {
+        const auto& list = g_table->ops[static_cast<size_t>(rank)][static_cast<size_t>(step)];
+        std::copy(list.begin(), list.end(), out);
+        return static_cast<int>(list.size());
+      }};
+  return a;
+}
+
+py::dict check_result_dict(const algo::CheckResult& r) {
+  py::dict d;
+  d["ok"] = r.ok;
+  d["error"] = r.error;
+  d["nsteps"] = r.nsteps;
+  d["nchunks"] = r.nchunks;
+  d["bytes_sent"] = r.bytes_sent;
+  d["bytes_recv"] = r.bytes_recv;
+  d["active_steps"] = r.active_steps;
+  return d;
+}
 }  // namespace
 
 void bind_algo(py::module_& m) {
@@ -39,19 +76,46 @@ void bind_algo(py::module_& m) {
         const algo::Params p = make_params(coll, nranks, root, local_size);
         GPUCOLL_CHECK_ARG(nranks >= 1, "nranks must be >= 1, got ", nranks);
         GPUCOLL_CHECK_ARG(root >= 0 && root < nranks, "root must be in [0, ", nranks, "), got ", root);
-        const algo::CheckResult r = algo::check_schedule(get_algorithm(name), p, nbytes);
-        py::dict d;
-        d["ok"] = r.ok;
-        d["error"] = r.error;
-        d["nsteps"] = r.nsteps;
-        d["nchunks"] = r.nchunks;
-        d["bytes_sent"] = r.bytes_sent;
-        d["bytes_recv"] = r.bytes_recv;
-        d["active_steps"] = r.active_steps;
-        return d;
+        return check_result_dict(algo::check_schedule(get_algorithm(name), p, nbytes));
       },
       py::arg("algo"), py::arg("coll"), py::arg("nranks"), py::arg("root") = 0, py::arg("local_size") = 0,
       py::arg("nbytes") = 0);
+  m.def(
+      "check_schedule_table",
+      [](int coll, int nranks, int root, int nchunks, const std::string& result,
+         const std::vector<std::vector<std::vector<std::tuple<int, int, int, std::string, std::string>>>>& steps,
+         int64_t nbytes) {
+        GPUCOLL_CHECK_ARG(nranks >= 1 && static_cast<int>(steps.size()) == nranks, "steps needs one list per rank");
+        GPUCOLL_CHECK_ARG(root >= 0 && root < nranks, "root must be in [0, ", nranks, "), got ", root);
+        TableSchedule t;
+        t.shape.nchunks = nchunks;
+        t.shape.nsteps = static_cast<int32_t>(steps[0].size());
+        t.shape.max_ops = 1;
+        t.shape.result = result == "out" ? algo::Space::kOut : algo::Space::kWork;
+        for (const auto& rank_steps : steps) {
+          GPUCOLL_CHECK_ARG(static_cast<int32_t>(rank_steps.size()) == t.shape.nsteps, "every rank needs ",
+                            t.shape.nsteps, " steps");
+          auto& rank_ops = t.ops.emplace_back();
+          for (const auto& step : rank_steps) {
+            auto& list = rank_ops.emplace_back();
+            for (const auto& [peer, src, dst, action, space] : step) {
+              list.push_back(algo::Op{peer, src, dst, action == "reduce" ? algo::Action::kReduce : algo::Action::kCopy,
+                                      space == "out" ? algo::Space::kOut : algo::Space::kWork});
+            }
+            t.shape.max_ops = std::max(t.shape.max_ops, static_cast<int32_t>(list.size()));
+          }
+        }
+        struct Use {  // g_table points at `t` for this call only, also when the checker throws
+          explicit Use(const TableSchedule* p) { g_table = p; }
+          ~Use() { g_table = nullptr; }
+        } use(&t);
+        return check_result_dict(
+            algo::check_schedule(table_algorithm(), make_params(coll, nranks, root, 0), nbytes));
+      },
+      py::arg("coll"), py::arg("nranks"), py::arg("root"), py::arg("nchunks"), py::arg("result"), py::arg("steps"),
+      py::arg("nbytes") = 0,
+      "Runs the checker on a schedule given as tables: steps[rank][step] = [(peer, src_chunk, dst_chunk, 'copy' or "
+      "'reduce', 'work' or 'out'), ...], the form schedule_ops returns. For tests of the checker itself.");
   m.def(
       "schedule_ops",
       [](const std::string& name, int coll, int nranks, int root, int local_size, int rank) {

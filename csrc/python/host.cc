@@ -1,7 +1,10 @@
+#include <optional>
+
 #include <pybind11/stl.h>
 
 #include "algo/registry.h"
 #include "backends/host/host_comm.h"
+#include "backends/host/kernels.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "python/bindings.h"
@@ -12,6 +15,18 @@ namespace gpucoll::python {
 
 void bind_host(py::module_& m) {
   using host::HostComm;
+  m.def(
+      "avg_scalar_bytes",
+      [](DType dtype, int nranks) -> std::optional<py::bytes> {
+        if (nranks < 1) GPUCOLL_INVALID_ARG("nranks must be >= 1; got ", nranks);
+        if (dtype_is_fp8(dtype)) GPUCOLL_THROW(ErrorCode::kUnsupported, "", "the host backend has no fp8 arithmetic");
+        unsigned char out[8];
+        if (!host::avg_scalar_bytes(dtype, nranks, out)) return std::nullopt;
+        return py::bytes(reinterpret_cast<const char*>(out), dtype_size(dtype));
+      },
+      py::arg("dtype"), py::arg("nranks"),
+      "The bytes of 1/nranks in dtype as avg pre-multiplies floating inputs by it (NCCL's ncclAvg); None for "
+      "integer dtypes, whose avg divides the sum.");
   py::class_<HostComm>(m, "HostComm")
       .def(py::init([](int rank, int nranks, double timeout_s, const std::string& name, bool create) {
              host::HostOptions o;
@@ -31,7 +46,7 @@ void bind_host(py::module_& m) {
       .def(
           "run",
           [](HostComm& c, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out, int64_t count,
-             DType dtype, RedOp op, int root, int local_size) {
+             DType dtype, RedOp op, int root, int local_size, std::optional<double> premul) {
             const algo::Algorithm* a = algo::find_algorithm(algo_name);
             if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
             if (dtype_is_fp8(dtype)) {
@@ -45,13 +60,15 @@ void bind_host(py::module_& m) {
             args.count = count;
             args.dtype = dtype;
             args.op = op;
+            args.premul = premul.has_value();
+            args.premul_scalar = premul.value_or(1.0);
             args.root = root;
             args.local_size = local_size;
             c.run(args, *a);
           },
           py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("premul") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def(
           "p2p",

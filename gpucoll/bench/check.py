@@ -1,4 +1,6 @@
-"""gpucoll-bench --check: a quick health check of a machine (a CI runner, a new box).
+"""gpucoll-bench --health-check: a quick health check of a machine (a CI runner, a new box). Older spellings:
+gpucoll-bench check, and --check as the first argument (after a collective, -c/--check N is nccl-tests' count of
+verified iterations).
 
 A short sweep (-b 1K -e 64K -f 4 -n 5 -w 1 -c 1) of every collective, all collectives in one set of ranks per
 backend. Backends: --backend, else the GPU backends gpucoll can run here (nccl, custom), else (no GPU) the host
@@ -20,11 +22,12 @@ Exit status: 0 all OK, 1 any #wrong > 0 or a busbw below its threshold, 2 bad us
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import sys
 
-from gpucoll.bench import colls
+from gpucoll._help import HelpFormatter
+from gpucoll.bench import colls, report
 from gpucoll.bench.harness import Params
 
 SWEEP = {"minbytes": 1 << 10, "maxbytes": 64 << 10, "stepfactor": 4, "iters": 5, "warmup_iters": 1, "check": 1}
@@ -111,22 +114,31 @@ def _check_rank(comm, plist: list) -> list[dict]:
     return [harness.run_rank(comm, p) for p in plist]
 
 
-def _parse(argv: list[str]):
-    ap = argparse.ArgumentParser(prog="gpucoll-bench --check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nranks", type=int, default=None)
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gpucoll-bench --health-check", description=__doc__,
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--nranks", type=int, default=None, help="ranks per backend (default: 2 on the host; on nccl "
+                    "one per GPU, 2 sharing a single GPU where NCCL allows; custom: 2 virtual ranks)")
     ap.add_argument("--backend", default=None, help="comma list of host, nccl, custom (default: the GPU backends "
                     "that can run here, else host)")
     ap.add_argument("--require-gpu", action="store_true", help="exit status 2 unless a GPU backend is checked (for GPU "
                     "runners: a missing or broken GPU must not pass as a host-only check)")
-    ap.add_argument("--min-busbw", type=float, default=None, metavar="GBS")
+    ap.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
+                    help="fail a line whose average busbw (GB/s) is below this (default: the tuning file's table)")
     ap.add_argument("--tuning", default=None, metavar="FILE", help="tuning JSON with a min_busbw object (default: "
                     "GPUCOLL_TUNING_FILE)")
-    ap.add_argument("--json", "-J", default=None, metavar="FILE")
-    ap.add_argument("--plot", default=None, metavar="FILE.png")
-    ap.add_argument("--colls", default=",".join(colls.names()), help="comma-separated collectives (default all)")
-    ap.add_argument("-T", "--timeout", type=float, default=120.0)
+    ap.add_argument("--json", "-J", default=None, metavar="FILE",
+                    help="write the runs' JSON documents as one list; - writes it to stdout (the lines go to stderr)")
+    ap.add_argument("--plot", default=None, metavar="FILE.png", help="one plot with a line per checked collective")
+    ap.add_argument("--colls", default=",".join(colls.names()), metavar="LIST",
+                    help="comma-separated collectives (default: all)")
+    ap.add_argument("-T", "--timeout", type=float, default=120.0, help="seconds a collective may wait for peers")
     ap.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def _parse(argv: list[str]):
+    ap = _parser()
     args = ap.parse_args(argv)
     names = [colls.canonical(c.strip()) for c in args.colls.split(",") if c.strip()]
     bad = [c for c in names if c not in colls.names()]
@@ -156,19 +168,38 @@ def _parse(argv: list[str]):
         backends, args.no_gpu = default_backends()
     if args.require_gpu and args.no_gpu:
         ap.error(f"--require-gpu: {args.no_gpu}")
-    if args.no_gpu and not args.backend:
-        print(f"check: no GPU backend can run here, checking the host backend only: {args.no_gpu}")
     return args, names, list(dict.fromkeys(backends))
 
 
 def check_main(argv: list[str]) -> int:
-    from gpucoll.bench import harness, virtual
-    from gpucoll.bench.cli import EXIT_FAILED, EXIT_OK, EXIT_WRONG
+    from gpucoll.bench.cli import EXIT_OK
 
     try:
         args, names, backends = _parse(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    # --json -: the JSON is stdout's; the lines go to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if args.json == "-" else contextlib.nullcontext():
+        if args.no_gpu and not args.backend:
+            print(f"check: no GPU backend can run here, checking the host backend only: {args.no_gpu}")
+        status, docs = _run_checks(args, names, backends, argv)
+        if args.plot and docs:
+            from gpucoll.bench.plot import plot_docs
+
+            plot_docs([(f"{d['environment']['backend']} {d['config']['collective']}", d) for d in docs], args.plot,
+                      title="gpucoll-bench --health-check")
+        checked = ", ".join(backends) + (" only: no GPU checked" if args.no_gpu else "")
+        print(f"check: {'OK' if status == EXIT_OK else 'FAILED'} ({len(docs)} runs; backends: {checked})")
+    if args.json:
+        report.write_json(args.json, docs)
+    return status
+
+
+def _run_checks(args, names: list[str], backends: list[str], argv: list[str]) -> tuple[int, list]:
+    """Each backend's sweep, one line per (backend, collective); (exit status, the runs' JSON documents)."""
+    from gpucoll.bench import harness, virtual
+    from gpucoll.bench.cli import EXIT_FAILED, EXIT_OK, EXIT_WRONG
+
     status, docs = EXIT_OK, []
     for backend in backends:
         n, note = check_ranks(backend, args.nranks)
@@ -191,7 +222,7 @@ def check_main(argv: list[str]) -> int:
             low = args.min_busbw if args.min_busbw is not None else threshold(args.table, backend, name, n)
             plist.append(Params(coll=name, backend=backend, backend_label=backend, nranks=n, quiet=True,
                                 timeout=args.timeout, inject_error=args.inject_error, min_busbw=low, average=0,
-                                argv=["--check", *argv], **SWEEP))
+                                argv=["--health-check", *argv], **SWEEP))
         if not plist:
             continue
         try:
@@ -212,15 +243,4 @@ def check_main(argv: list[str]) -> int:
             if not ok:
                 status = max(status, EXIT_WRONG)
             docs.append(res[0]["doc"])
-    if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(docs, f, indent=2)
-        os.replace(args.json + ".tmp", args.json)
-    if args.plot and docs:
-        from gpucoll.bench.plot import plot_docs
-
-        plot_docs([(f"{d['environment']['backend']} {d['config']['collective']}", d) for d in docs], args.plot,
-                  title="gpucoll-bench --check")
-    checked = ", ".join(backends) + (" only: no GPU checked" if args.no_gpu else "")
-    print(f"check: {'OK' if status == EXIT_OK else 'FAILED'} ({len(docs)} runs; backends: {checked})")
-    return status
+    return status, docs

@@ -11,7 +11,6 @@ prints; otherwise --nranks local ranks are spawned (default 1, run in this proce
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib.util
 import os
@@ -19,154 +18,17 @@ import sys
 import traceback
 
 from gpucoll.bench import colls, launch, report
+from gpucoll.bench.args import parse_args
 from gpucoll.bench.harness import Params, sizes
 
 EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
-BACKENDS = ("host", "nccl", "custom", "auto")
 
 # The variables whose presence means "a launcher started this process as one rank of a job".
 LAUNCHER_VARS = (("torchrun", ("RANK", "WORLD_SIZE")), ("openmpi", ("OMPI_COMM_WORLD_RANK",)),
                  ("mpich", ("PMI_RANK",)), ("slurm", ("SLURM_PROCID",)))
 
-_EPILOG = f"""\
-sizes:       byte counts with optional K, M, G suffixes: 8, 64K, 1M, 2G
-datatypes:   {', '.join(colls.DTYPES)}, or all; comma lists work too
-             (bfloat16 needs torch: NumPy has no bfloat16)
-ops:         {', '.join(colls.OPS)}, or all
-collectives: {', '.join(colls.names())}
-             (nccl-tests' spellings work too: allreduce, allgather, reducescatter, alltoall)
-algorithms:  --algo a,b runs one block of rows per algorithm; --algo all runs every algorithm that can serve
-             the collective at this world size (the others are listed as skipped)
-exit status: 0 all results correct, 1 wrong results (#wrong > 0) or average busbw below --min-busbw,
-             2 bad usage or setup, 3 the run failed
-more:        gpucoll-bench report A.json B.json -o cmp.png   (compare saved --json runs in one plot)
-             gpucoll-bench --check [--nranks N] [--min-busbw X] [--json F] [--plot F.png]   (health check)
-"""
-
-
 class UsageError(Exception):
     pass
-
-
-def _size(what: str):
-    def parse(text: str) -> int:
-        from gpucoll import _C
-
-        try:
-            return int(_C.parse_bytes(text.strip()))
-        except Exception:  # noqa: BLE001 - gpucoll's InvalidArgument or anything else: one clear message
-            raise argparse.ArgumentTypeError(f"invalid size {text!r} for {what}: expected a byte count such as "
-                                             f"8, 64K, 1M or 2G") from None
-    return parse
-
-
-def _int(what: str, minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be >= {minimum}")
-        return value
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: expected a positive number of seconds")
-    return value
-
-
-class _Selection(list):
-    """Parsed -d/-o values; `from_all` says whether "all" was asked for (then unavailable ones are skipped)."""
-
-    from_all = False
-
-
-def _choices(kind: str, valid, aliases=None):
-    def parse(text: str) -> list[str]:
-        out = _Selection()
-        for item in (t.strip().lower() for t in text.split(",")):
-            if item == "all":
-                out.extend(valid)
-                out.from_all = True
-                continue
-            item = (aliases or {}).get(item, item)
-            if item not in valid:
-                raise argparse.ArgumentTypeError(f"unknown {kind} {item!r}: expected one of {', '.join(valid)} or all")
-            out.append(item)
-        unique = _Selection(dict.fromkeys(out))  # dedupe, keep order
-        unique.from_all = out.from_all
-        return unique
-    return parse
-
-
-def _backends(text: str) -> list[str]:
-    """--backend a,b,...: each of BACKENDS at most once, in the order given."""
-    out = [b.strip().lower() for b in text.split(",") if b.strip()]
-    bad = [b for b in out if b not in BACKENDS]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"unknown backend {(bad or [text])[0]!r}: expected one of "
-                                         f"{', '.join(BACKENDS)}, or a comma list of them")
-    return list(dict.fromkeys(out))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpucoll-bench", description="Benchmark and check gpucoll collectives with "
-                                "nccl-tests' flags and table.", epilog=_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = Params()
-    p.add_argument("collective", type=colls.canonical, choices=colls.names(), help="the collective to run")
-    p.add_argument("-b", "--minbytes", type=_size("-b/--minbytes"), default=d.minbytes, help="min size in bytes")
-    p.add_argument("-e", "--maxbytes", type=_size("-e/--maxbytes"), default=d.maxbytes, help="max size in bytes")
-    p.add_argument("-i", "--stepbytes", type=_size("-i/--stepbytes"), default=d.stepbytes,
-                   help="increment size (used when -f is 1)")
-    p.add_argument("-f", "--stepfactor", type=_int("step factor", 1), default=d.stepfactor,
-                   help="increment factor (above 1 it wins over -i)")
-    p.add_argument("-n", "--iters", type=_int("iteration count", 1), default=d.iters, help="timed iterations")
-    p.add_argument("-w", "--warmup_iters", type=_int("warmup iteration count", 0), default=d.warmup_iters,
-                   help="warmup iterations")
-    p.add_argument("-c", "--check", type=_int("check count", 0), default=d.check,
-                   help="verified iterations per row (0: no check, #wrong shows N/A)")
-    p.add_argument("-d", "--datatype", type=_choices("datatype", list(colls.DTYPES), colls.ALIASES),
-                   default=d.dtypes, help="datatype(s), nccl-tests names, or all")
-    p.add_argument("-o", "--op", type=_choices("op", list(colls.OPS)), default=None,
-                   help=f"reduction op(s) or all (reducing collectives; default {d.ops[0]})")
-    p.add_argument("-r", "--root", type=_int("root", 0), default=None,
-                   help=f"root rank (rooted collectives; default {d.root})")
-    p.add_argument("-a", "--average", type=int, choices=range(4), default=d.average,
-                   help="time shown: 0 rank 0's, 1 mean over ranks (default, as nccl-tests), 2 min, 3 max")
-    p.add_argument("-G", "--cudagraph", type=_int("graph launch count", 0), default=d.graph, metavar="N",
-                   help="capture the -n calls in a CUDA graph and time N launches of it (CUDA backends)")
-    p.add_argument("-z", "--blocking", type=int, choices=(0, 1), default=d.blocking,
-                   help="1: synchronize the stream after every call (the host backend always blocks)")
-    p.add_argument("--nranks", type=_int("rank count", 1), default=None,
-                   help="spawn this many local ranks (default: one rank per process under a launcher, else 1)")
-    p.add_argument("--backend", type=_backends, default=["auto"],
-                   help="comma list of host, nccl, custom, auto (auto: nccl when a GPU and NCCL are usable, else "
-                        "host); each runs as its own block of rows")
-    from gpucoll import _C
-
-    p.add_argument("--algo", default="auto", help="comma-separated algorithms, each run as its own block of rows: "
-                   f"auto (default), all, or {', '.join(_C.algorithm_names())}")
-    p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write every row, the run parameters "
-                   "and the environment as JSON")
-    p.add_argument("--csv", metavar="FILE", default=None, help="also write every row as CSV (the environment in "
-                   "'# ' comment lines before the header)")
-    p.add_argument("--plot", metavar="FILE.png", default=None, help="draw busbw and time vs size (needs matplotlib)")
-    p.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
-                   help="exit status 1 when the average busbw (GB/s) is below this")
-    p.add_argument("--compare", choices=("gloo", "torch", "nccl"), default=None,
-                   help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll")
-    p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
-                   help="seconds a collective may wait for peers before failing")
-    p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element
-    return p
 
 
 def launcher() -> str | None:
@@ -277,82 +139,6 @@ def _runnable(values: list[str], from_all: bool, flag: str, where: str, notes: l
     return kept
 
 
-def parse_args(argv: list[str] | None = None) -> Params:
-    """argv -> Params. Bad usage exits through argparse (status 2) with the reason."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.minbytes > args.maxbytes:
-        parser.error(f"invalid sizes: -b/--minbytes {args.minbytes} > -e/--maxbytes {args.maxbytes}")
-    if args.stepfactor <= 1 and args.stepbytes == 0:
-        parser.error("-i/--stepbytes must be above 0 when -f/--stepfactor is 1")
-    coll = colls.get(args.collective)
-    notes = []
-    algos, algo_all = _parse_algos(parser, coll, args.algo, notes)
-    for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
-        if path:
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                parser.error(f"{flag} {path!r}: folder {folder!r} does not exist or is not writable")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib: pip install 'gpucoll[bench]' (or matplotlib)")
-    dtypes = args.datatype
-    dtypes_all = getattr(dtypes, "from_all", False)
-    if "bfloat16" in dtypes and importlib.util.find_spec("torch") is None:
-        if getattr(dtypes, "from_all", False):
-            dtypes = [t for t in dtypes if t != "bfloat16"]
-            notes.append("bfloat16 skipped: NumPy has no bfloat16 and torch is not installed")
-        else:
-            parser.error("-d bfloat16 needs torch (NumPy has no bfloat16); install torch or pick another datatype")
-    if args.op is not None and not coll.reduces:
-        notes.append(f"{coll.name} does not reduce: -o is ignored")
-    if args.root is not None and not coll.rooted:
-        notes.append(f"{coll.name} has no root: -r is ignored")
-    if args.root is not None and coll.rooted and args.nranks is not None and args.root >= args.nranks:
-        parser.error(f"-r/--root {args.root} is not a rank of {args.nranks} (--nranks): expected 0 to {args.nranks - 1}")
-    d = Params()
-    return Params(coll=args.collective, minbytes=args.minbytes, maxbytes=args.maxbytes, stepbytes=args.stepbytes,
-                  stepfactor=args.stepfactor, iters=args.iters, warmup_iters=args.warmup_iters, check=args.check,
-                  dtypes=list(dtypes), ops=list(args.op or d.ops), dtypes_all=dtypes_all,
-                  ops_all=getattr(args.op, "from_all", False), root=d.root if args.root is None else args.root,
-                  algos=algos, algo_all=algo_all, average=args.average,
-                  json=args.json, csv=args.csv, plot=args.plot, min_busbw=args.min_busbw, compare=args.compare,
-                  timeout=args.timeout, backend=args.backend[0], backends=list(args.backend), nranks=args.nranks,
-                  graph=args.cudagraph, blocking=args.blocking,
-                  inject_error=args.inject_error, argv=list(sys.argv[1:] if argv is None else argv), notes=notes)
-
-
-def _parse_algos(parser, coll, text: str, notes: list) -> tuple[list[str], bool]:
-    """--algo a,b,c or all -> (algorithms, whether "all" was asked for). A named algorithm that does not implement
-    the collective is a usage error that says why; "all" keeps those that implement it (world-size checks come
-    later, in check_world, once the number of ranks is known)."""
-    from gpucoll import _C
-
-    known = list(_C.algorithm_names())
-    asked = list(dict.fromkeys(a.strip().lower() for a in text.split(",") if a.strip())) or ["auto"]
-    algos, algo_all = [], False
-    for a in asked:
-        if a == "all":
-            algo_all = True
-            if coll.coll_id < 0:
-                notes.append(f"{coll.name} is point-to-point and has no algorithms: --algo all runs auto")
-                algos.append("auto")
-                continue
-            algos += [k for k in known if _C.algorithm_supports(k, coll.coll_id)]
-            skipped = [k for k in known if not _C.algorithm_supports(k, coll.coll_id)]
-            if skipped:
-                notes.append(f"--algo all: skipped {', '.join(skipped)} (they do not implement {coll.name})")
-            continue
-        if a != "auto" and a not in known:
-            parser.error(f"unknown --algo {a!r}: expected auto, all or one of {', '.join(known)}")
-        if a != "auto" and coll.coll_id < 0:
-            parser.error(f"--algo {a}: {coll.name} is point-to-point and has no algorithms (use --algo auto)")
-        if a != "auto" and not _C.algorithm_supports(a, coll.coll_id):
-            why = _C.algorithm_unusable(a, coll.coll_id, 2, 0, 0) or f"{a} does not implement {coll.name}"
-            parser.error(f"--algo {a} cannot run {coll.name}: {why}")
-        algos.append(a)
-    return list(dict.fromkeys(algos)), algo_all
-
-
 def check_world(p: Params, nranks: int) -> None:
     """What can only be checked once the number of ranks is known: the root, the collective's minimum, and each
     algorithm at this world size (gpucoll._C.algorithm_unusable). Raises UsageError saying why; algorithms that
@@ -365,6 +151,7 @@ def check_world(p: Params, nranks: int) -> None:
                          f"from rank-1, another rank); got {nranks}: use --nranks {coll.min_ranks} or more")
     if coll.rooted and p.root >= nranks:
         raise UsageError(f"-r/--root {p.root} is not a rank of this {nranks}-rank run: expected 0 to {nranks - 1}")
+    _note_rounded_sizes(p, coll, nranks)
     if coll.coll_id < 0:
         return
     local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
@@ -381,6 +168,26 @@ def check_world(p: Params, nranks: int) -> None:
     if not kept:
         raise UsageError(f"no algorithm can run {coll.name} at {nranks} ranks")
     p.algos = kept
+
+
+def _note_rounded_sizes(p: Params, coll, nranks: int) -> None:
+    """A size the collective cannot move exactly (7 bytes of float; a buffer that does not split into nranks
+    16-byte-aligned blocks, nccl-tests' rule) runs rounded down, as nccl-tests does: say so instead of silently
+    printing another size than the one asked for."""
+    rounded = []
+    for size in sizes(p):
+        for name in p.dtypes:
+            dt = colls.DTYPES[name]
+            counts = coll.counts(size // dt.itemsize, nranks, dt.itemsize)
+            ran = max(counts.send, counts.recv) * dt.itemsize
+            if ran != size:
+                rounded.append(f"{size} -> {ran} ({dt.name})")
+    if rounded:
+        unit = ("whole elements, in nranks blocks of whole 16-byte units" if coll.name in (
+            "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter") else "whole elements")
+        more = f" and {len(rounded) - 4} more" if len(rounded) > 4 else ""
+        p.notes.append(f"sizes rounded down to {unit}, as nccl-tests does (bytes asked -> run): "
+                       f"{', '.join(rounded[:4])}{more}")
 
 
 def _fit_memory(p: Params, local_ranks: int) -> None:
@@ -551,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpucoll.bench.plot import report_main
 
         return report_main(args[1:])
-    # `gpucoll-bench --check` (no collective; -c/--check N after a collective stays nccl-tests' check count).
-    if args[:1] == ["check"] or (args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
+    # The health check: `gpucoll-bench --health-check` (or `check`, or `--check` as the first argument, its older
+    # spellings); -c/--check N after a collective stays nccl-tests' check count.
+    if args[:1] in (["--health-check"], ["health-check"], ["check"]) or (
+            args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
         from gpucoll.bench.check import check_main
 
         return check_main(args[1:])

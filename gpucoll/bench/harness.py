@@ -26,7 +26,7 @@ import numpy as np
 
 from gpucoll.bench import colls, devmem, report
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
-from gpucoll.errors import InvalidArgument
+from gpucoll.errors import GpucollError, InvalidArgument
 
 AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
 PROGRESS_AFTER_S = 2.0  # the progress bar appears once a sweep has run this long: short runs stay quiet
@@ -60,6 +60,7 @@ class Params:
     peer_times: dict = field(default_factory=dict)  # (type, redop, size) -> seconds
     progress: bool = False  # tqdm bar on stderr (decided by the cli: stderr a TTY and enough rows)
     quiet: bool = False  # no table (--check prints its own summary)
+    table_to_stderr: bool = False  # --json - / --csv -: stdout carries the data, the table goes to stderr
     timeout: float = 300.0
     backend: str = "host"
     backends: list[str] = field(default_factory=lambda: ["host"])  # --backend a,b: one run each, in order
@@ -105,7 +106,7 @@ class _Rank:
         self.comm, self.p = comm, p
         self.rank, self.n = comm.rank, comm.world_size
         self.coll = colls.get(p.coll)
-        self.out = report.Printer(self.rank == 0 and not p.quiet)
+        self.out = report.Printer(self.rank == 0 and not p.quiet, sys.stderr if p.table_to_stderr else None)
         self.bar = None  # tqdm progress bar, rank 0 only, once the sweep has run PROGRESS_AFTER_S
         self._progress_from: float | None = None  # when the sweep started, if it may show a bar
         self._rows_total = self._rows_done = 0
@@ -287,6 +288,9 @@ class _Rank:
             self.out.write(report.row_preamble(nbytes, counts.param, dt.name, op_name, root))
             row = report.json_row(nbytes, counts.param, dt.name, op_name, root, algo, p.iters, coll.name)
             row["backend"] = self.comm.backend
+            resolved = self._resolved(dt, algo, nbytes)
+            if resolved is not None:
+                row["algo_resolved"] = resolved  # what "auto" (or a name) ran: gpucoll-tune and the plot read it
             # A sweep may run one backend twice (--backend nccl,auto where auto is nccl): the label keeps each run's
             # rows apart in the merged JSON and the plot.
             row["backend_label"] = p.backend_label or self.comm.backend
@@ -303,6 +307,18 @@ class _Rank:
             self.out.write("\n")
             self.rows.append(row)
             self._tick()
+
+    def _resolved(self, dt, algo: str, nbytes: int) -> str | None:
+        """The algorithm a row's calls run (nbytes: the selector's count, the world-sized buffer of the blocked
+        collectives); None for send/recv, which has no algorithms, and for communicators that cannot tell (the
+        virtual ranks of --backend custom run the kernel named)."""
+        finder = getattr(self.comm, "algorithm_for", None)
+        if self.coll.coll_id < 0 or finder is None:
+            return None
+        try:
+            return finder(self.coll.coll_id, nbytes, dt.gpucoll, algo)
+        except GpucollError:
+            return None
 
     def _tick(self) -> None:
         """One row done: advance the bar, or start it once the sweep has run PROGRESS_AFTER_S. Started late rather

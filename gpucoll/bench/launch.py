@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 
+from gpucoll.bootstrap.external import launcher_store
+from gpucoll.communicator import init_from_store
+
 
 def share_gpus(p, local_ranks: int) -> None:
     """Under a launcher with more ranks on this node than GPUs: NCCL's multi-rank mode, set in this rank's own
@@ -47,23 +50,9 @@ _LAUNCH_STORES: list = []  # the real store of this process's launcher run (at m
 
 
 def launcher_comm(p, info):
-    from gpucoll.bootstrap import TCPStore
-    from gpucoll.communicator import init_from_store
-
-    if not _LAUNCH_STORES and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-        # torchrun's agent already serves a store on MASTER_PORT (a second server there cannot bind): meet
-        # through it as its workers' init_process_group does.
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        from gpucoll.bootstrap.external import TorchStore
-
-        agent = dist.TCPStore(info.address, info.port, info.world_size, is_master=False,
-                              timeout=timedelta(seconds=p.timeout))
-        _LAUNCH_STORES.append(TorchStore(agent, p.timeout))
+    # The store gpucoll.init would use (torchrun's agent store under torchrun), kept for the whole sweep.
     if not _LAUNCH_STORES:
-        _LAUNCH_STORES.append(TCPStore(info.address, info.port, is_server=info.rank == 0, timeout=p.timeout))
+        _LAUNCH_STORES.append(launcher_store(info, p.timeout))
     return init_from_store(_SharedStore(_LAUNCH_STORES[0]), info.rank, info.world_size, backend=p.backend,
                            timeout=p.timeout)
 

@@ -61,7 +61,8 @@ def unavailable(peer: str, coll: str, backend: str, nranks: int = 1) -> str | No
     try:
         import torch.distributed as dist
     except ImportError:
-        return f"{what} needs torch (pip install torch)"
+        return (f"{what} needs torch: pip install torch (on a machine without a GPU the CPU wheel: pip install torch "
+                f"--index-url https://download.pytorch.org/whl/cpu)")
     if not dist.is_available():
         return f"{what}: this torch has no torch.distributed"
     if peer == "gloo" and not dist.is_gloo_available():

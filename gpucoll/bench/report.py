@@ -10,6 +10,7 @@ in_place objects holding time, alg_bw, bus_bw, nwrong; out_of_bounds; average_bu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -128,6 +129,14 @@ class Printer:
         self.write("".join(lines))
 
 
+def size_label(n: float) -> str:
+    """1024 -> "1K", 3 << 20 -> "3M": a byte count as gpucoll-bench's -b/-e take it (the plots' x axis, --help)."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n:g}"
+
+
 def json_row(nbytes: int, count: int, type_name: str, op_name: str, root: int, algo: str, iters: int,
              collective: str = "") -> dict:
     return {"size": nbytes, "count": count, "type": type_name, "redop": op_name, "root": root,
@@ -170,12 +179,25 @@ def merge_docs(docs: list[dict]) -> dict:
     return out
 
 
-def write_json(path: str, doc: dict) -> None:
+@contextlib.contextmanager
+def _output(path: str, newline: str | None = None):
+    """A text file to write `path` through: "-" is stdout; a file is written to a temporary name and renamed, so a
+    reader never sees half of it."""
+    if path == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", newline=newline) as f:
+        yield f
+    os.replace(tmp, path)
+
+
+def write_json(path: str, doc) -> None:
+    """`doc` as indented JSON to `path` ("-": stdout)."""
+    with _output(path) as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
-    os.replace(tmp, path)
 
 
 # -- extras (ours, after nccl-tests' columns so its column set is unchanged) ----------------------------------
@@ -217,15 +239,13 @@ def write_csv(path: str, doc: dict) -> None:
     columns: list[str] = []
     for r in rows:
         columns += [k for k in r if k not in columns]
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
+    with _output(path, newline="") as f:
         f.write(f"# program: {doc.get('program', '')}\n")
         f.writelines(f"# environment.{key}: {json.dumps(value, sort_keys=True)}\n" for key, value in doc.get("environment", {}).items())
         w = csv.DictWriter(f, fieldnames=columns, restval="")
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
-    os.replace(tmp, path)
 
 
 def read_csv_rows(path: str) -> list[dict]:

@@ -35,6 +35,11 @@ class LaunchInfo:
     address: str
     port: int
     launcher: str  # "torchrun", "openmpi", "mpich", "slurm" or "explicit" (no launcher variables used)
+    # torchrun's agent already serves the rendezvous store at address:port (TORCHELASTIC_USE_AGENT_STORE=True, and
+    # both came from MASTER_ADDR/MASTER_PORT): the ranks meet there as clients, rank 0 included. `attempt` is
+    # torchrun's restart count, so that a restarted job never reads the keys of the attempt before it.
+    agent_store: bool = False
+    attempt: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +118,33 @@ def _slurm_local_size(env: Mapping[str, str]) -> int | None:
     if node.isdigit() and int(node) < len(counts):
         return counts[int(node)]
     return None
+
+
+def _first_slurm_host(nodelist: str) -> str | None:
+    """The first host of a Slurm host list ("gpu[07-09,12],login1" -> "gpu07"; "a[1-2]-b[3-4]" -> "a1-b3"), or None
+    when malformed. Task 0 of a step runs on the first node of SLURM_STEP_NODELIST (block and cyclic distributions
+    alike), so that is where rank 0 serves the store."""
+    text = nodelist.strip()
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):  # the first host ends at the first comma outside brackets
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            end = i
+            break
+    first = text[:end]
+
+    def pick(m):  # the first entry of a bracket range list, zero padding kept: "[07-09,12]" -> "07"
+        return m.group(1).split(",")[0].split("-")[0] or "[]"  # "[]" stays and fails the check below
+
+    host = re.sub(r"\[([^\[\]]*)\]", pick, first)
+    return host if host and re.fullmatch(r"[A-Za-z0-9._-]+", host) else None
+
+
+def _slurm_nodelist(env: Mapping[str, str]) -> str:
+    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if _is_set(env, name):
+            return env[name]
+    return ""
 
 
 def _pick_family(env: Mapping[str, str]) -> _Family | None:
@@ -213,29 +245,37 @@ def detect_launch(rank=None, world_size=None, address=None, port=None, local_ran
             f"local_rank={local_rank}{_src('local_rank')} is out of range: expected "
             f"0 <= local_rank < local_world_size={local_world_size}")
 
+    address_from_env = False
     if address is not None:
         if not isinstance(address, str) or not address.strip():
             raise InvalidArgument(f"address must be a non-empty host name or IP address string, got {address!r}")
         address = address.strip()
     elif _is_set(env, "MASTER_ADDR"):
-        address = env["MASTER_ADDR"].strip()
+        address, address_from_env = env["MASTER_ADDR"].strip(), True
     elif locality_known and local_world_size == world_size:
         address = LOCAL_ADDRESS
+    elif launcher == "slurm" and (first := _first_slurm_host(_slurm_nodelist(env))):
+        address = first  # several nodes: rank 0's node, from the step's node list
     else:
         raise InvalidArgument(
             f"address is missing: {world_size} ranks may span several hosts ({launcher} launcher, local world size "
             f"unknown or smaller); pass address= (rank 0's host) or set MASTER_ADDR")
 
+    port_from_env = False
     if port is not None:
         port = _arg_int(port, "port")
         port_src = ""
     elif _is_set(env, "MASTER_PORT"):
-        port = _env_int(env, "MASTER_PORT")
+        port, port_from_env = _env_int(env, "MASTER_PORT"), True
         port_src = " (from MASTER_PORT)"
     else:
         port, port_src = DEFAULT_PORT, ""
     if not 0 <= port <= 65535:
         raise InvalidArgument(f"port={port}{port_src} is out of range: expected 0 <= port <= 65535")
 
+    agent = (launcher == "torchrun" and address_from_env and port_from_env
+             and env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true")
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "").strip()
     return LaunchInfo(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
-                      address=address, port=port, launcher=launcher)
+                      address=address, port=port, launcher=launcher, agent_store=agent,
+                      attempt=int(attempt) if agent and attempt.isdigit() else 0)

@@ -8,6 +8,10 @@ shared-memory name, the NCCL unique id, the watchdog's progress records) then wo
   group's ranks so that subgroups never see each other's keys). No extra port is opened.
 * ``from_mpi``: the communicator's rank and size; rank 0 starts a ``TCPStore`` on a free port and broadcasts its
   address with ``comm.bcast``. Ranks on one host use the loopback address.
+
+``launcher_store`` is where ``gpucoll.init`` (and gpucoll-bench under a launcher) gets the store of a
+``detect_launch`` result: torchrun's agent store when torchrun says its workers use it, else a ``TCPStore`` that
+rank 0 serves.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from gpucoll.bootstrap.env import LaunchInfo
 from gpucoll.bootstrap.store import TCPStore
 from gpucoll.errors import CollectiveTimeout, InvalidArgument
 
-__all__ = ["TorchStore", "from_mpi", "from_torch"]
+__all__ = ["TorchStore", "from_mpi", "from_torch", "launcher_store"]
 
 
 class TorchStore:
@@ -81,6 +85,29 @@ class TorchStore:
 
     def __repr__(self) -> str:
         return f"TorchStore({self._store!r})"
+
+
+def launcher_store(launch: LaunchInfo, timeout: float):
+    """The rendezvous store of `launch` (a detect_launch result).
+
+    Under torchrun (``--standalone``, ``--rdzv-backend c10d`` or static) the agent already serves a store on
+    MASTER_ADDR:MASTER_PORT and tells its workers so (TORCHELASTIC_USE_AGENT_STORE=True): a second server there
+    cannot bind ("Address already in use"), so every rank connects to it as a client through torch's TCPStore, as
+    torch's own init_process_group does, under a prefix of its own per restart attempt. Elsewhere (mpirun, srun,
+    explicit arguments) rank 0 serves a gpucoll TCPStore at launch.address:launch.port."""
+    if not launch.agent_store:
+        return TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        import torch.distributed as dist  # torchrun is part of torch: it is installed wherever this runs
+    try:
+        agent = dist.TCPStore(launch.address, launch.port, launch.world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+    except RuntimeError as e:  # torch's DistNetworkError / DistStoreError subclass RuntimeError
+        raise CollectiveTimeout(f"cannot reach torchrun's agent store at {launch.address}:{launch.port} "
+                                f"(MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True) within {timeout:g} s: "
+                                f"{e}") from None
+    return TorchStore(dist.PrefixStore(f"gpucoll/attempt_{launch.attempt}/", agent), timeout)
 
 
 def _local_from_env(rank: int, world_size: int):

@@ -13,7 +13,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from gpucoll.errors import InvalidArgument, Unsupported
-from gpucoll.torch._call import _Call, _op_name, _premul_factor
+from gpucoll.torch._call import _op_name, _premul_factor
 from gpucoll.torch.work import Work
 
 # dtypes gpucoll reduces; every other dtype is moved as bytes by the copying collectives.
@@ -65,15 +65,13 @@ class ReduceMixin:
         return t.reshape(-1), gop, factor
 
     @staticmethod
-    def _gop(call: _Call, gop: str, factor):
-        """The gpucoll op for a call: premul_sum is native on CUDA; on CPU the input is scaled first (see uses)."""
+    def _gop(gop: str, factor):
+        """The gpucoll op for a call (premul_sum runs natively on every backend gpucoll gives torch)."""
         if gop != "premul_sum":
             return gop
-        if call.cuda:
-            from gpucoll import premul_sum
+        from gpucoll import premul_sum
 
-            return premul_sum(float(factor))
-        return "sum"
+        return premul_sum(float(factor))
 
     # -- all_reduce -----------------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -95,9 +93,7 @@ class ReduceMixin:
         call = self._begin(what, [tensor])
         buf = call.out(tensor, keep=True)
         flat, gop, factor = self._reduce_args(what, op, buf)
-        if gop == "premul_sum" and not call.cuda:
-            flat.mul_(factor)  # in place is fine: the sum overwrites it
-        call.track(call.comm.all_reduce(flat, op=self._gop(call, gop, factor), async_op=True))
+        call.track(call.comm.all_reduce(flat, op=self._gop(gop, factor), async_op=True))
         return self._finish(call, [tensor])
 
     def _allreduce_background(self, what, tensor, op) -> Work:
@@ -111,10 +107,10 @@ class ReduceMixin:
             self._drain()
             comm = self.communicator("cpu")
 
+        gpucoll_op = self._gop(gop, factor)
+
         def job():
-            if gop == "premul_sum":
-                flat.mul_(factor)
-            comm.all_reduce(flat, op="sum" if gop == "premul_sum" else gop)
+            comm.all_reduce(flat, op=gpucoll_op)
 
         return self._worker.submit(job, [tensor])
 
@@ -189,9 +185,7 @@ class ReduceMixin:
             raise InvalidArgument(f"{what}: every tensor needs one dtype; got {sorted(map(str, dtypes))}")
         _, gop, factor = views[0]
         packed = torch.cat([v[0] for v in views])
-        if gop == "premul_sum" and not call.cuda:
-            packed.mul_(factor)
-        call.track(call.comm.all_reduce(packed, op=self._gop(call, gop, factor), async_op=True))
+        call.track(call.comm.all_reduce(packed, op=self._gop(gop, factor), async_op=True))
         offset = 0
         for t in tensors:
             dst = call.out(t)
@@ -212,13 +206,11 @@ class ReduceMixin:
         t = tensors[0]
         call = self._begin(what, tensors)
         flat, gop, factor = self._reduce_args(what, opts.reduceOp, t.contiguous())
-        if gop == "premul_sum" and not call.cuda:
-            flat = flat.mul(factor)
         is_root = self.rank() == root
         # gpucoll leaves non-root inputs as they were; on root the result lands in `flat`, copied back to `t` where
-        # `flat` is not `t` itself (a strided `t`, or PREMUL_SUM's scaled copy).
+        # `flat` is not `t` itself (a strided `t`).
         src = flat
-        call.track(call.comm.reduce(src, op=self._gop(call, gop, factor), root=root, async_op=True))
+        call.track(call.comm.reduce(src, op=self._gop(gop, factor), root=root, async_op=True))
         if is_root and src.data_ptr() != t.data_ptr():
             dst = call.out(t)
             (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1).copy_(src)
@@ -239,10 +231,8 @@ class ReduceMixin:
         parts = [self._reduce_args(what, opts.reduceOp, t.contiguous()) for t in ins]
         _, gop, factor = parts[0]
         packed = torch.cat([p[0] for p in parts])
-        if gop == "premul_sum" and not call.cuda:
-            packed.mul_(factor)
         dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(y))
-        call.track(call.comm.reduce_scatter(packed, out=dst, op=self._gop(call, gop, factor), async_op=True))
+        call.track(call.comm.reduce_scatter(packed, out=dst, op=self._gop(gop, factor), async_op=True))
         return self._finish(call, [y])
 
     def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
@@ -257,10 +247,8 @@ class ReduceMixin:
                                   f"({self.size()}) x output_tensor's {output_tensor.numel()}")
         call = self._begin(what, [output_tensor, input_tensor])
         src, gop, factor = self._reduce_args(what, opts.reduceOp, input_tensor.contiguous())
-        if gop == "premul_sum" and not call.cuda:
-            src = src.mul(factor)
         dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(output_tensor))
-        call.track(call.comm.reduce_scatter(src, out=dst, op=self._gop(call, gop, factor), async_op=True))
+        call.track(call.comm.reduce_scatter(src, out=dst, op=self._gop(gop, factor), async_op=True))
         return self._finish(call, [output_tensor])
 
     _reduce_scatter_base = reduce_scatter_single  # torch <= 2.12

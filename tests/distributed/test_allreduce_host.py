@@ -211,13 +211,13 @@ def test_numpy_all_dtypes_ops_counts_exact(reports):
 
 def test_bfloat16_exact(reports):
     if not HAVE_TORCH:
-        pytest.skip("bfloat16 arrays need torch (NumPy has no bfloat16) and torch is not installed")
+        pytest.skip(helpers.missing_reason("torch", "bfloat16 arrays need torch (NumPy has no bfloat16)"))
     world_size, per_rank, _ = reports
     _assert_clean(per_rank, "bf16", 2 * sum(1 for c in cases_for(world_size) if c[0] == "bfloat16"))
 
 
 def test_cpu_torch_tensors_exact(reports):
-    pytest.importorskip("torch")
+    helpers.require("torch")
     world_size, per_rank, _ = reports
     _assert_clean(per_rank, "torch", 2 * len(torch_cases_for(world_size)))
 

@@ -205,7 +205,7 @@ def test_readonly_x_in_place_is_rejected(reports):
 
 
 def test_torch_mistakes_raise_typed_errors(reports):
-    pytest.importorskip("torch")
+    helpers.require("torch")
     _assert_clean(reports, "torch")
 
 

@@ -546,7 +546,7 @@ def run_bad_input(comm, report) -> None:
 def _import_torch():
     """None when torch imports in this worker, else why not (the torch cases are then left out)."""
     if not HAVE_TORCH:
-        return "torch is not installed"
+        return helpers.missing_reason("torch")
     try:
         import torch  # noqa: F401 - imported once up front
     except Exception as exc:  # noqa: BLE001
@@ -672,7 +672,7 @@ def test_bfloat16_ran(reports):
     """bf16 (and the torch-tensor cases) run only where torch imports in the workers; say so when it does not."""
     W, per_rank = reports
     if per_rank[0]["torch"] is not None:
-        pytest.skip(f"bfloat16 cases need torch (NumPy has no bfloat16): {per_rank[0]['torch']}")
+        pytest.skip(f"{per_rank[0]['torch']}; bfloat16 cases need torch (NumPy has no bfloat16)")
     want = sum(1 for c in cases_for(W) if c[3] == "bfloat16")
     want += sum(1 for cs in hier_cases_for(W).values() for c in cs if c[3] == "bfloat16")
     assert want > 0

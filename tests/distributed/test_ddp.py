@@ -21,8 +21,8 @@ import helpers
 import pytest
 import torch_ranks
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torch.distributed")
+torch = helpers.require("torch")
+helpers.require("torch.distributed")
 
 pytestmark = helpers.timeout_mark(300)
 

@@ -146,3 +146,25 @@ def test_live_rank_that_never_arrives_times_out():
     assert err["type"] == "CollectiveTimeout" and 1 in err["ranks"], err
     assert timeout - 0.1 <= err["elapsed"] <= timeout + SLACK, err
     assert not _wait_for_no_new_shm(before)
+
+
+def _hung_peer_worker(comm, stamp_path):
+    if comm.rank == 1:
+        time.sleep(600)  # hung: alive, never enters the collective, never returns
+    with open(stamp_path, "w") as f:
+        f.write(repr(time.monotonic()))  # CLOCK_MONOTONIC is system-wide: the parent can compare it with its own
+    comm.all_reduce(np.ones(16, np.float32))  # raises CollectiveTimeout after `timeout`; spawn re-raises it
+
+
+def test_spawn_with_a_hung_peer_returns_within_the_timeout_and_a_second_or_two(tmp_path):
+    """spawn stops a rank that never reports once another rank failed, instead of giving it a timeout of its own
+    (it used to return after timeout + 10 s plus 5 s joins per hung rank)."""
+    timeout = 3.0
+    stamp = tmp_path / "collective_started"
+    with pytest.raises(CollectiveTimeout) as info:
+        gpucoll.spawn(_hung_peer_worker, 2, args=(str(stamp),), backend="host", timeout=timeout)
+    returned = time.monotonic()
+    assert info.value.rank == 0 and 1 in info.value.ranks, info.value
+    assert info.value.failures == {0: "CollectiveTimeout", 1: "killed"}, info.value.failures
+    elapsed = returned - float(stamp.read_text())
+    assert timeout - 0.1 <= elapsed <= timeout + 2.5, f"spawn returned {elapsed:.2f} s after the collective began"

@@ -18,32 +18,42 @@ def _algos(coll, P):
 
 
 def _worker(comm):
+    """Every element distinct (its global index; scatter adds a per-rank offset), so that a piece written at the
+    wrong offset, within its block or into another, or data taken from the wrong rank, changes the result. All
+    values stay below 2**24: exact in float32, sums included."""
     P, r, n = comm.world_size, comm.rank, N
     errs = []
-    base = np.arange(P * n, dtype=np.float32) % 9
+    idx = np.arange(P * n, dtype=np.float32)
+    mine = slice(r * n, (r + 1) * n)
+
+    def check(what, got, want):
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            errs.append(f"{what}: {bad.size} elements differ, first at [{bad[0]}]: got {got[bad[0]]}, "
+                        f"expected {want[bad[0]]}")
+
     for algo in _algos(ALL_GATHER, P):
         out = np.zeros(P * n, np.float32)
-        out[r * n:(r + 1) * n] = r + 1
-        got = comm.all_gather(out[r * n:(r + 1) * n], out=out, algo=algo)
-        if got is not out or not np.array_equal(out, np.repeat(np.arange(1, P + 1, dtype=np.float32), n)):
-            errs.append(f"all_gather {algo}")
+        out[mine] = idx[mine] + 1
+        got = comm.all_gather(out[mine], out=out, algo=algo)
+        if got is not out:
+            errs.append(f"all_gather {algo}: did not return out")
+        check(f"all_gather {algo}", out, idx + 1)
     for algo in _algos(REDUCE_SCATTER, P):
-        x = base + r
-        comm.reduce_scatter(x, out=x[r * n:(r + 1) * n], algo=algo)
-        if not np.array_equal(x[r * n:(r + 1) * n], (P * base + sum(range(P)))[r * n:(r + 1) * n]):
-            errs.append(f"reduce_scatter {algo}")
+        x = idx + r
+        comm.reduce_scatter(x, out=x[mine], algo=algo)
+        check(f"reduce_scatter {algo}", x[mine], (P * idx + sum(range(P)))[mine])
     for root in range(P):
         for algo in _algos(GATHER, P):
             out = np.zeros(P * n, np.float32)
-            out[r * n:(r + 1) * n] = base[:n] + r
-            comm.gather(out[r * n:(r + 1) * n], out=out, root=root, algo=algo)
-            if r == root and not np.array_equal(out, np.concatenate([base[:n] + q for q in range(P)])):
-                errs.append(f"gather {algo} root {root}")
+            out[mine] = idx[mine] + 1
+            comm.gather(out[mine], out=out, root=root, algo=algo)
+            if r == root:
+                check(f"gather {algo} root {root}", out, idx + 1)
         for algo in _algos(SCATTER, P):
-            x = base + 10 * r
-            comm.scatter(x, out=x[r * n:(r + 1) * n], root=root, algo=algo)
-            if not np.array_equal(x[r * n:(r + 1) * n], (base + 10 * root)[r * n:(r + 1) * n]):
-                errs.append(f"scatter {algo} root {root}")
+            x = idx + 1_000_000 * r
+            comm.scatter(x, out=x[mine], root=root, algo=algo)
+            check(f"scatter {algo} root {root}", x[mine], (idx + 1_000_000 * root)[mine])
     return errs
 
 

@@ -344,7 +344,7 @@ def size_mismatch(comm, rep) -> None:
 def _import_torch():
     """None when torch imports in this worker, else why not (the torch case is then left out)."""
     if not HAVE_TORCH:
-        return "torch is not installed"
+        return helpers.missing_reason("torch")
     try:
         import torch  # noqa: F401
     except Exception as exc:  # noqa: BLE001
@@ -454,24 +454,33 @@ def test_mismatched_sizes_raise_on_the_receiver(reports):
 
 def _same_peer_stress_worker(comm, seconds):
     """Both ranks exchange five messages (multi-piece ones among them) with each other in one group, again and
-    again; returns None when every message arrived intact, else the first failure."""
+    again; returns None when every message arrived intact, else the first failure.
+
+    The ranks stop after the same iteration: each group also carries every rank's "keep going" flag (its own clock
+    against the deadline), and both stop once either flag is down. A rank that stopped on its own clock would leave
+    its peer waiting in a group it never joins."""
     r, peer = comm.rank, 1 - comm.rank
     sizes = (BIG, 1, 2 * 2**20, 0, 3)
     deadline = time.monotonic() + seconds
     it = 0
-    while time.monotonic() < deadline:
+    going = True
+    while going:
         got = [np.zeros(n, np.uint8) for n in sizes]
+        mine, theirs = np.array([time.monotonic() < deadline], np.uint8), np.zeros(1, np.uint8)
         try:
             with comm.group():
                 for k, n in enumerate(sizes):
                     comm.send(np.full(n, (10 * r + k + it) % 256, np.uint8), peer)
                     comm.recv(got[k], peer)
+                comm.send(mine, peer)
+                comm.recv(theirs, peer)
         except Exception as exc:  # noqa: BLE001
             return f"iteration {it}: {type(exc).__name__}: {exc}"
         for k, n in enumerate(sizes):
             if not np.all(got[k] == (10 * peer + k + it) % 256):
                 bad = np.flatnonzero(got[k] != (10 * peer + k + it) % 256)
                 return f"iteration {it}: message {k} ({n} bytes): {bad.size} bytes wrong from [{bad[0]}]"
+        going = bool(mine[0] and theirs[0])
         it += 1
     return None
 

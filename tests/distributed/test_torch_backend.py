@@ -20,8 +20,8 @@ import helpers
 import pytest
 import torch_ranks
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = helpers.require("torch")
+dist = helpers.require("torch.distributed")
 
 pytestmark = helpers.timeout_mark(300)
 
@@ -102,10 +102,14 @@ def _ops_worker(rank, n):
                     return [x]
                 check(f"all_reduce {dtype} {op} async={async_op}", f)
 
-    # AVG: floats against gloo's own AVG; integers against NCCL's rule (the sum divided with truncation)
+    # AVG: floats on inputs n * y, whose products with NCCL's 1/n round to y exactly (n = 2, 3, 4 here), so that
+    # gpucoll's pre-multiplied sum (NCCL's avg) is exactly the mean; integers against NCCL's rule (the sum divided
+    # with truncation)
     for dtype in ("float32", "float64", "int32", "int64", "int8"):
         def f(g, dtype=dtype):
             x = inp((33,), dtype)
+            if x.is_floating_point():
+                x *= n
             dist.all_reduce(x, op=R.AVG, group=g)
             return [x]
 
@@ -114,7 +118,7 @@ def _ops_worker(rank, n):
                         for r in range(n))
             if dtype.startswith("int"):
                 return [torch.div(total, n, rounding_mode="trunc").to(getattr(torch, dtype))]
-            return [(total / n).to(getattr(torch, dtype))]
+            return [total.to(getattr(torch, dtype))]  # the mean of the n * y inputs: exact
         check(f"all_reduce {dtype} AVG", f, expected=avg_ref)
 
     # PREMUL_SUM (gloo has none): sum over ranks of factor * x
@@ -676,8 +680,10 @@ def test_torchrun_end_to_end(tmp_path, backend):
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(torch_ranks.free_port()), str(script), backend]
+    # --standalone: the agent binds a free port itself. A port picked here and bound later by torchrun (the old
+    # --master-port free_port()) can be taken in between by anything else on the machine.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           backend]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "OK rank 0 of 2" in proc.stdout and "OK rank 1 of 2" in proc.stdout, proc.stdout

@@ -96,8 +96,12 @@ def premul_for(dtype: str):
     return gpucoll.premul_sum(1 if dtype == "uint8" else -1)
 
 
-def input_op(op) -> str:
-    return "avg" if isinstance(op, PreMulSum) else op  # premul inputs: the no-overflow ranges of avg
+def input_op(op, dtype: str) -> str:
+    """The make_input ranges of a call's op. premul_sum: floats those of sum (|x| <= 2**p / W, so x * 0.5 and every
+    partial sum stay exact; avg's own inputs are W times larger), integers those of avg (no overflow)."""
+    if not isinstance(op, PreMulSum):
+        return op
+    return "sum" if dtype in helpers.FLOAT_DTYPES or dtype in FP8 else "avg"
 
 
 def check(got, want, what: str, failures: list) -> None:
@@ -114,7 +118,7 @@ def run_collectives(comm, dtypes, ops, kind="torch") -> list:
     failures: list = []
     for dtype in dtypes:
         for op in ops:
-            iop = input_op(op)
+            iop = input_op(op, dtype)
             inputs = [make(dtype, iop, W * N, q, W) for q in range(W)]
             want = reduce_ref(inputs, dtype, op)
             tag = f"{dtype}/{op}"

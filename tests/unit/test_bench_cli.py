@@ -318,3 +318,17 @@ def test_warmup_iters_and_check_counts_are_the_calls_made(no_launcher):
         comm.close()
     assert len(calls) == 2 * (3 + 7 + 2)  # out of place, then in place: -w warmup + -n timed + -c checked calls
     assert res["rows"][0]["actual_iterations"] == 7 and res["rows"][0]["in_place"]["nwrong"] == 0
+
+
+def test_a_size_the_collective_cannot_move_is_rounded_with_a_note(capfd):
+    """-b 7 of float runs 4 bytes (nccl-tests rounds silently): the table says so in a note."""
+    from gpucoll.bench import cli
+
+    assert cli.main(["all_reduce", "-b", "7", "-e", "7", "-n", "1", "-w", "0"]) == 0
+    out = capfd.readouterr().out
+    assert "# sizes rounded down to whole elements, as nccl-tests does (bytes asked -> run): 7 -> 4 (float)" in out
+    assert cli.main(["all_gather", "--nranks", "3", "-b", "100", "-e", "100", "-n", "1", "-w", "0"]) == 0
+    assert "in nranks blocks of whole 16-byte units, as nccl-tests does (bytes asked -> run): 100 -> 96 (float)" \
+        in capfd.readouterr().out
+    assert cli.main(["all_reduce", "-b", "8", "-e", "64", "-f", "2", "-n", "1", "-w", "0"]) == 0
+    assert "rounded" not in capfd.readouterr().out

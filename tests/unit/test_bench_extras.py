@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
+import helpers
 import pytest
 
 from gpucoll.bench import cli, plot, report
@@ -18,8 +20,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def run2(tmp_path_factory):
     """One 2-rank all_reduce with --compare gloo, --json, --csv and --plot."""
     d = tmp_path_factory.mktemp("bench")
-    pytest.importorskip("torch")
-    pytest.importorskip("matplotlib")
+    helpers.require("torch")
+    helpers.require("matplotlib")
     argv = ["all_reduce", "--nranks", "2", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "--compare", "gloo",
             "--json", str(d / "a.json"), "--csv", str(d / "a.csv"), "--plot", str(d / "a.png")]
     rc = cli.main(argv)
@@ -84,6 +86,45 @@ def test_plot_png_and_lines(run2, tmp_path):
     assert out.read_bytes()[:8] == PNG
 
 
+def _doc(times_us, algo="auto", picks=None, peer=False):
+    rows = []
+    for i, (size, t) in enumerate(times_us):
+        r = {"size": size, "collective": "all_reduce", "algo": algo, "type": "float", "redop": "sum", "backend": "host",
+             "out_of_place": {"time": t, "bus_bw": size / t / 1e3}}
+        if picks:
+            r["algo_resolved"] = picks[i]
+        if peer:
+            r["peer"] = {"name": "gloo", "time": 2 * t, "bus_bw": size / t / 2e3}
+        rows.append(r)
+    return {"program": "gpucoll-bench all_reduce", "environment": {"backend": "host", "nranks": 2}, "results": rows}
+
+
+def test_plot_reads_like_the_benchmark(tmp_path):
+    """Sizes in 1K/1M/1G, plain-number y ticks even over less than a decade, the legend naming what auto ran and
+    sitting outside both panels (it can cover no data)."""
+    helpers.require("matplotlib")
+    sizes = [1 << k for k in range(10, 31, 4)]  # 1K .. 1G
+    doc = _doc([(s, 50.0 + s / 4e3) for s in sizes], picks=["oneshot"] * 3 + ["twoshot"] * 3, peer=True)
+    fig = plot.plot_docs([("", doc)], str(tmp_path / "p.png"))
+    fig.canvas.draw()
+    ax_bw, ax_t = fig.axes
+    xlabels = [t.get_text() for t in ax_bw.get_xticklabels() if t.get_text()]
+    assert {"1K", "1M", "1G"} <= set(xlabels) and all(re.fullmatch(r"\d+[KMG]?", x) for x in xlabels), xlabels
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["host:auto→oneshot,twoshot", "gloo"]
+    box = legend.get_window_extent()
+    for ax in (ax_bw, ax_t):
+        assert not box.overlaps(ax.get_window_extent()), "the legend covers a panel"
+        assert ax.get_legend() is None
+    # a run whose times span less than a decade still gets labelled ticks, as plain numbers
+    flat = _doc([(s, 100.0 + i) for i, s in enumerate(sizes)], algo="ring")
+    fig = plot.plot_docs([("", flat)])
+    fig.canvas.draw()
+    ylabels = [t.get_text() for t in fig.axes[1].get_yticklabels() if t.get_text()]
+    assert len(ylabels) >= 3 and all(re.fullmatch(r"[\d.]+", y) for y in ylabels), ylabels
+    assert report.size_label(1536) == "1.5K" and report.size_label(512) == "512"
+
+
 def test_min_busbw_exit_status(capsys):
     argv = ["all_reduce", "-b", "1K", "-e", "1K", "-n", "1"]
     assert cli.main(argv + ["--min-busbw", "1e9"]) == cli.EXIT_WRONG
@@ -98,7 +139,7 @@ class _Tty(io.StringIO):
 
 
 def test_progress_only_on_tty():
-    pytest.importorskip("tqdm")
+    helpers.require("tqdm")
     p = Params(minbytes=8, maxbytes=1 << 20, stepfactor=2)
     assert cli.want_progress(p, _Tty()) is True
     assert cli.want_progress(p, io.StringIO()) is False
@@ -106,7 +147,7 @@ def test_progress_only_on_tty():
 
 
 def test_check(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    helpers.require("matplotlib")
     argv = ["--check", "--colls", "all_reduce,sendrecv", "--json", str(tmp_path / "c.json"),
             "--plot", str(tmp_path / "c.png")]
     assert cli.main(argv) == 0
@@ -193,6 +234,7 @@ def test_check_without_a_gpu_says_what_it_checked(capsys):
 
 
 def test_compare_that_does_not_fit_a_later_backend_is_refused_before_any_run(monkeypatch, capsys):
+    helpers.require("torch", "--compare gloo needs torch for the host block, which is checked first")
     monkeypatch.setattr(cli, "resolve_backend", lambda b, coll=None: b if b != "auto" else "host")
     argv = ["all_reduce", "-b", "8", "-e", "8", "-n", "1", "--backend", "host,nccl", "--compare", "gloo"]
     assert cli.main(argv) == cli.EXIT_USAGE

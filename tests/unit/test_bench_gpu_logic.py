@@ -10,6 +10,7 @@ import os
 import sys
 import types
 
+import helpers
 import numpy as np
 import pytest
 from test_bench_cli import rows
@@ -160,6 +161,7 @@ def test_custom_refuses_named_dtypes_and_ops_without_kernels(fake_vr, capsys):
 
 
 def test_custom_skips_what_all_includes_without_kernels(fake_vr, capsys):
+    helpers.require("torch", "-d all includes bfloat16, whose buffers are torch tensors")
     assert cli.main(["all_reduce", *TINY, "--backend", "custom", "--nranks", "2", "-d", "all", "-o", "all"]) == 0
     out = capsys.readouterr().out
     assert "skipped int8, uint8, int64" in out and "skipped prod" in out
@@ -223,7 +225,7 @@ def test_launcher_ranks_beyond_the_gpus_share_them(monkeypatch):
 
 
 def test_torch_peer_sharing_a_gpu_needs_a_multi_rank_nccl(monkeypatch):
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     from gpucoll import _C
 
     monkeypatch.setattr(_C, "cuda_probe", lambda: {"device_count": 1})
@@ -242,7 +244,7 @@ def _dies(rank, nranks, port, results):
 
 
 def test_peer_rank_that_dies_fails_fast():
-    pytest.importorskip("torch")
+    helpers.require("torch")
     import time
 
     t0 = time.monotonic()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+import helpers
 import numpy as np
 import pytest
 from test_bench_cli import HAVE_GPU, rows
@@ -62,7 +63,7 @@ def test_average_modes_run(capsys):
 
 # -- backend sweeps ------------------------------------------------------------------------------------------------
 def test_backend_sweep_blocks_json_and_plot(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    helpers.require("matplotlib")
     out = tmp_path / "s.json"
     rc = cli.main(["all_reduce", *TINY, "--backend", "host,auto", "--algo", "ring,auto", "--json", str(out),
                    "--csv", str(tmp_path / "s.csv")])
@@ -81,7 +82,9 @@ def test_backend_sweep_blocks_json_and_plot(tmp_path, capsys):
     assert set(doc["average_bus_bandwidth"]["per_backend"]) == {"host", "auto(host)"}
     assert doc["out_of_bounds"] == {"count": 0, "okay": True}
     lines = plot.plot_docs([("", doc)]).axes[0].lines
-    assert sorted(ln.get_label() for ln in lines) == ["auto(host):auto", "auto(host):ring", "host:auto", "host:ring"]
+    picked = doc["results"][-1]["algo_resolved"]  # what auto ran at the one size (the legend names it)
+    assert sorted(ln.get_label() for ln in lines) == [f"auto(host):auto→{picked}", "auto(host):ring",
+                                                      f"host:auto→{picked}", "host:ring"]
     assert all(len(ln.get_xdata()) == 2 for ln in lines)  # each line one run's 2 sizes, not two runs interleaved
 
 
@@ -285,7 +288,7 @@ def test_torchrun_sweep_rank0_prints(tmp_path):
 
     from gpucoll._spawn import free_port
 
-    pytest.importorskip("torch")
+    helpers.require("torch")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                                                              "SLURM_PROCID")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),

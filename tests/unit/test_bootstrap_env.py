@@ -5,7 +5,7 @@ import os
 import pytest
 
 from gpucoll.bootstrap import LaunchInfo, detect_launch
-from gpucoll.bootstrap.env import DEFAULT_PORT, _parse_tasks_per_node
+from gpucoll.bootstrap.env import DEFAULT_PORT, _first_slurm_host, _parse_tasks_per_node
 from gpucoll.errors import InvalidArgument
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -73,6 +73,37 @@ def test_slurm_unparseable_tasks_per_node_is_unknown_not_an_error():
     with pytest.raises(InvalidArgument, match="address"):
         detect_launch(env=env)
     assert detect_launch(env={**env, "SLURM_NNODES": "1"}).address == "127.0.0.1"
+
+
+def test_torchrun_agent_store_only_when_torchrun_says_so_and_the_address_is_its():
+    agent = {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
+    got = detect_launch(env=agent)
+    assert (got.agent_store, got.attempt, got.address, got.port) == (True, 2, "node0", 12345)
+    assert detect_launch(env=TORCHRUN).agent_store is False  # torchrun without its agent store (older torch)
+    assert detect_launch(env={**agent, "TORCHELASTIC_USE_AGENT_STORE": "False"}).agent_store is False
+    # An explicit address or port is the caller's own store, not the agent's.
+    assert detect_launch(port=2222, env=agent).agent_store is False
+    assert detect_launch(address="127.0.0.1", env=agent).agent_store is False
+    # Only torchrun's variables make it torchrun's store.
+    assert detect_launch(env={**SLURM, "MASTER_ADDR": "a", "MASTER_PORT": "1",
+                              "TORCHELASTIC_USE_AGENT_STORE": "True"}).agent_store is False
+
+
+def test_slurm_multi_node_without_master_addr_serves_on_the_first_node_of_the_step():
+    got = detect_launch(env={**SLURM, "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_NODELIST": "gpu[01-09]"})
+    assert (got.address, got.port, got.launcher) == ("gpu07", DEFAULT_PORT, "slurm")
+    assert detect_launch(env={**SLURM, "SLURM_JOB_NODELIST": "gpu[01-09]"}).address == "gpu01"
+    assert detect_launch(env={**SLURM, "SLURM_NODELIST": "a,b", "MASTER_ADDR": "10.1.1.1"}).address == "10.1.1.1"
+    with pytest.raises(InvalidArgument, match="address is missing"):
+        detect_launch(env={**SLURM, "SLURM_STEP_NODELIST": "bad["})
+
+
+@pytest.mark.parametrize("nodelist, first", [
+    ("node1", "node1"), ("node1,node2", "node1"), ("gpu[07-09,12],login1", "gpu07"), ("n[001-004]", "n001"),
+    ("a[1-2]-b[3-4]", "a1-b3"), ("rack1-n[2,5]x", "rack1-n2x"), (" host.example.org ", "host.example.org"),
+    ("", None), ("bad[", None), ("[1-2]", "1"), ("n[]", None), ("a b", None)])
+def test_first_slurm_host(nodelist, first):
+    assert _first_slurm_host(nodelist) == first
 
 
 def test_parse_tasks_per_node():

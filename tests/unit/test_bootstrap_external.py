@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import helpers
 import numpy as np
 import pytest
 
@@ -42,7 +43,7 @@ def _torch_worker(rank, world, port, results):
 
 @pytest.mark.timeout(120) if "pytest_timeout" in sys.modules else (lambda f: f)
 def test_init_from_torch_process_group():
-    pytest.importorskip("torch.distributed")
+    helpers.require("torch.distributed")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
@@ -59,7 +60,7 @@ def test_init_from_torch_process_group():
 
 
 def test_init_from_torch_argument_errors():
-    pytest.importorskip("torch.distributed")
+    helpers.require("torch.distributed")
     with pytest.raises(InvalidArgument, match="cannot be combined with from_torch"):
         gpucoll.init(0, backend="host", from_torch=True)
     import torch.distributed as dist
@@ -81,10 +82,10 @@ comm.close()
 
 
 def test_init_from_mpi_comm(tmp_path):
-    pytest.importorskip("mpi4py")
+    helpers.require("mpi4py")
     mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
     if mpiexec is None:
-        pytest.skip("no mpiexec (pip install mpich)")
+        pytest.skip(helpers.missing_reason("mpich", "no mpiexec on PATH"))
     script = tmp_path / "mpi_init.py"
     script.write_text(MPI_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCOLL_", "OMPI_", "PMI_"))}
@@ -106,8 +107,7 @@ def test_torch_store_has_what_the_gpu_backends_use():
     """The custom backend exchanges JSON and meets at barriers through whatever store it was given: torch's too."""
     import threading
 
-    import torch.distributed as dist
-
+    dist = helpers.require("torch.distributed")
     from gpucoll.bootstrap.external import TorchStore
     from gpucoll.errors import CollectiveTimeout
 

@@ -90,11 +90,27 @@ def test_explicit_algo_wins_and_an_impossible_one_says_why():
     assert impl.calls == []
 
 
-@pytest.mark.parametrize("nbytes", [8 << 10, 1 << 20, 64 << 20])
-def test_no_p2p_no_p2p_kernels(nbytes):
-    c, impl = comm("pcie_4x_nvsmi.txt", 4, chosen=True)
-    c.all_reduce(big(nbytes))
-    assert impl.calls[0][0] == "nccl" or impl.calls[0][1] == "ring"
+@pytest.mark.parametrize("fixture, nranks", [("pcie_2x_nvsmi.txt", 2), ("pcie_4x_nvsmi.txt", 4)])
+def test_no_p2p_no_p2p_kernels(fixture, nranks):
+    """Without P2P between the ranks' GPUs (pcie_2x: none at all, a PHB path; pcie_4x: GPU 3 reaches the others
+    only through SYS), none of our kernels can run, ring included (its hops are P2P too): every call goes to NCCL."""
+    topo = T.load(str(FIX / fixture))
+    assert any(topo.p2p_usable(a, b) is not None for a in range(nranks) for b in range(a + 1, nranks))  # premise
+    c, impl = comm(fixture, nranks, chosen=True)
+    sizes = [1 << k for k in range(3, 31, 3)]
+    for nbytes in sizes:
+        c.all_reduce(big(nbytes))
+        usable = [f"custom:{x['algorithm']}" for x in T.candidates(topo, "all_reduce", nbytes) if x["usable"]
+                  and x["backend"] == "custom"]
+        assert not usable, f"{fixture} at {nbytes} B: the model offers {usable} without P2P"
+    assert [k[0] for k in impl.calls] == ["nccl"] * len(sizes), impl.calls
+
+
+def test_p2p_kernels_where_p2p_works():
+    """The control of the test above: GPUs 0-2 of pcie_4x have P2P (PIX/PXB), and small calls take our kernels."""
+    c, impl = comm("pcie_4x_nvsmi.txt", 3, chosen=True)
+    c.all_reduce(big(8 << 10))
+    assert impl.calls[0][0] == "custom", impl.calls
 
 
 def test_failed_probe_takes_a_pair_out():

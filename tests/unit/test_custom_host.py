@@ -180,9 +180,13 @@ def test_virtual_ranks_without_gpu_is_a_clear_error():
 
 
 @pytest.mark.skipif(not _no_gpu(), reason="a GPU is usable here")
+def _nothing(comm):
+    return None
+
+
 def test_spawn_custom_without_gpu_fails_before_starting_workers():
     with pytest.raises(Unsupported, match="spawn\\(backend='custom', nranks=2\\) cannot run here"):
-        gpucoll.spawn(lambda comm: None, 2, backend="custom")
+        gpucoll.spawn(_nothing, 2, backend="custom")
 
 
 def test_virtual_ranks_argument_errors():

@@ -7,6 +7,7 @@ what algo="auto" does.
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def _env():
     import os
 
     env = dict(os.environ)
-    for var in ("GPUCOLL_ALGO", "GPUCOLL_LOCAL_SIZE"):
+    for var in ("GPUCOLL_ALGO", "GPUCOLL_LOCAL_SIZE", "GPUCOLL_TUNING_FILE"):
         env.pop(var, None)
     return env
 
@@ -76,7 +77,7 @@ def test_steps_prints_every_schedule_step():
     out = explain("all_reduce", "--nranks", "4", "--bytes", "1K", "--steps").stdout
     table = rows(out)
     for name, (steps, _) in table.items():
-        header = re.search(rf"^## {name}: (\d+) steps", out, re.MULTILINE)
+        header = re.search(rf"^## {name}: (\d+) steps?,", out, re.MULTILINE)
         assert header and int(header.group(1)) == steps, (name, out)
         section = out[header.end():].split("\n## ")[0]
         assert len(re.findall(r"^\s+step \d+:", section, re.MULTILINE)) == steps, (name, section)
@@ -118,6 +119,8 @@ def test_explain_function_returns_the_table():
 
 @pytest.mark.parametrize("args, fragment", [
     (["nosuch_coll"], "invalid choice"),
+    (["all_gather", "--nranks", "3", "--bytes", "1000"], "not a multiple of 3 (try 999 or 1002)"),
+    (["reduce_scatter", "--nranks", "4", "--bytes", "2"], "not a multiple of 4"),
     (["all_reduce", "--nranks", "0"], "--nranks"),
     (["all_reduce", "--nranks", "-3"], "--nranks"),
     (["all_reduce", "--nranks", "eight"], "--nranks"),
@@ -151,3 +154,65 @@ def test_out_of_range_root_or_local_size_exits_non_zero(args, fragment):
     assert proc.returncode != 0, (args, proc.stdout)
     assert fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "<- auto" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("spelling", ["allreduce", "all-reduce", "AllReduce", "all_reduce_perf"])
+def test_collective_names_as_gpucoll_bench_takes_them(spelling):
+    out = explain(spelling, "--nranks", "4", "--bytes", "64K").stdout
+    assert out.startswith("# all_reduce: 4 ranks, 64.00 KiB")
+
+
+def test_one_step_is_singular_and_the_columns_are_explained():
+    out = explain("all_reduce", "--nranks", "2", "--bytes", "4K", "--steps").stdout
+    assert "## oneshot: 1 step, buffer in 1 chunk, result in" in out, out
+    assert "1 steps" not in out and "1 chunks" not in out
+    assert "# steps: synchronised steps of the schedule per piece; sent/rank, recv/rank: bytes the busiest rank" in out
+
+
+def test_help_explains_every_option_with_its_default():
+    out = subprocess.run([sys.executable, "-m", "gpucoll.algo", "explain", "--help"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    options = out.split("\noptions:", 1)[1]
+    for option, default in (("--nranks", "8"), ("--bytes", "1M"), ("--local-size", "0"), ("--root", "0")):
+        block = options.split(f"\n  {option}", 1)[1].split("\n  -", 1)[0]
+        assert f"(default: {default})" in block, (option, block)
+    assert "allreduce" in out and "`" not in out
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`explain ... | head -1`: the reader leaves after one line; no BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpucoll.algo", "explain", "all_reduce", "--nranks", "64", "--bytes",
+                             "64M", "--steps"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    assert proc.stdout.readline().startswith(b"# all_reduce")
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    assert proc.returncode == 1
+
+
+def test_tuning_file_prices_the_algorithms_it_fits(tmp_path):
+    """GPUCOLL_TUNING_FILE (gpucoll-tune's output) changes the prediction of each algorithm it fits on the host
+    backend (host:<algorithm>@SHM: steps x a + bytes x b, the topology model's terms), and says so."""
+    fits = {"host:ring@SHM": {"a_s": 1e-3, "b_s_per_byte": 1e-9, "source": "test"},
+            "host:twoshot@SHM": {"a_s": 2e-6, "b_s_per_byte": 2e-11, "source": "test"}}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"format": "gpucoll-tuning", "version": 1, "fits": fits}))
+    args = ("all_reduce", "--nranks", "4", "--bytes", "1M")
+    default = rows(explain(*args).stdout)
+    env = dict(_env(), GPUCOLL_TUNING_FILE=str(path))
+    proc = subprocess.run([sys.executable, "-m", "gpucoll.algo", "explain", *args], capture_output=True, text=True,
+                          timeout=60, env=env, check=True)
+    tuned = rows(proc.stdout)
+    assert f"GPUCOLL_TUNING_FILE={path}" in proc.stdout
+    for name, fit in fits.items():
+        algo = name[5:-4]
+        steps, per_byte = _C.topo_model_terms("custom", algo, "all_reduce", 4, 4)
+        want = (steps * fit["a_s"] + per_byte * (1 << 20) * fit["b_s_per_byte"]) * 1e6
+        got = float(re.search(r"([\d.]+) us", tuned[algo][1]).group(1))
+        assert abs(got - want) < 0.1 and "tuned" in tuned[algo][1], (algo, tuned[algo][1], want)
+        assert tuned[algo][1] != default[algo][1]
+    assert tuned["tree"][1] == default["tree"][1]  # not in the file: the default model
+    path.write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "gpucoll.algo", "explain", *args], capture_output=True, text=True,
+                          timeout=60, env=env, check=False)
+    assert proc.returncode == 2 and "GPUCOLL_TUNING_FILE" in proc.stderr and "Traceback" not in proc.stderr

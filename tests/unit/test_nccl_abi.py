@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import helpers
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,8 +137,10 @@ int main() {
 
 
 def _nccl_include() -> Path | None:
+    if not helpers.have("nvidia.nccl"):  # find_spec raises, not returns None, when no `nvidia` package exists
+        return None
     spec = importlib.util.find_spec("nvidia.nccl")
-    for d in (spec.submodule_search_locations or []) if spec is not None else []:
+    for d in spec.submodule_search_locations or []:
         if (Path(d) / "include" / "nccl.h").is_file():
             return Path(d) / "include"
     return None
@@ -165,12 +168,21 @@ def _cuda_include() -> Path | None:
     return None
 
 
-def test_nccl_api_matches_the_installed_nccl_h(tmp_path):
+def _toolchain():
+    """(c++, nccl.h's directory, cuda_runtime.h's directory), or a skip saying which is missing."""
+    nccl_inc = _nccl_include()
+    if nccl_inc is None:
+        pytest.skip(helpers.missing_reason("nvidia.nccl", "nccl.h comes from the nvidia-nccl-cu13 wheel"))
     cxx = shutil.which("c++") or shutil.which("g++")
-    nccl_inc, cuda_inc = _nccl_include(), _cuda_include()
-    if cxx is None or nccl_inc is None or cuda_inc is None:
-        pytest.skip(f"needs a C++ compiler ({cxx}), nccl.h from nvidia-nccl ({nccl_inc}) and the CUDA headers "
-                    f"({cuda_inc})")
+    cuda_inc = _cuda_include()
+    if cxx is None or cuda_inc is None:
+        pytest.skip(f"needs a C++ compiler ({cxx}) and the CUDA toolkit's headers ({cuda_inc}): nccl.h includes "
+                    f"cuda_runtime.h")
+    return cxx, nccl_inc, cuda_inc
+
+
+def test_nccl_api_matches_the_installed_nccl_h(tmp_path):
+    cxx, nccl_inc, cuda_inc = _toolchain()
     src = tmp_path / "nccl_abi_check.cc"
     src.write_text(CHECK)
     proc = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-I", str(nccl_inc),
@@ -181,10 +193,7 @@ def test_nccl_api_matches_the_installed_nccl_h(tmp_path):
 
 def test_the_check_catches_a_wrong_declaration(tmp_path):
     """The same check with one enum value and one parameter type broken on purpose must fail to compile."""
-    cxx = shutil.which("c++") or shutil.which("g++")
-    nccl_inc, cuda_inc = _nccl_include(), _cuda_include()
-    if cxx is None or nccl_inc is None or cuda_inc is None:
-        pytest.skip("needs a C++ compiler, nccl.h and the CUDA headers")
+    cxx, nccl_inc, cuda_inc = _toolchain()
     api = (ROOT / "csrc" / "backends" / "nccl" / "nccl_api.h").read_text()
     broken = api.replace("ncclMax = 2,", "ncclMax = 3,").replace(
         "using PFN_ncclSend = ncclResult_t (*)(const void* sendbuff, size_t count,",

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from test_nccl_backend_cpu import FakeCAI, FakeComm, make_backend
 
@@ -40,7 +41,7 @@ class Producer:
 
 
 def test_dlpack_producer_is_asked_for_the_legacy_stream():
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     p = Producer(torch.zeros(4))
     buf = _buffers.resolve(p, "x")
     assert p.asked == [1] and buf.kind == "dlpack"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import helpers
 import pytest
 
 from gpucoll import _nccl
@@ -47,7 +48,7 @@ print(json.dumps(_nccl.load()))
 def wheel_lib() -> str:
     candidates = _nccl.wheel_candidates()
     if not candidates:
-        pytest.skip("no nvidia-nccl-cu13/-cu12 wheel installed (pip install nvidia-nccl-cu13)")
+        pytest.skip(helpers.missing_reason("nvidia.nccl", "no nvidia-nccl-cu13/-cu12 wheel installed"))
     return candidates[0]
 
 

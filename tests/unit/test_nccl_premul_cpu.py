@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 
+import helpers
 import numpy as np
 import pytest
 
@@ -58,7 +59,7 @@ def test_premul_scalar_encoding():
 
 
 def test_fp8_scalars_round_like_torch():
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     rng = np.random.default_rng(5)
     values = list(rng.normal(size=2000) * rng.choice([1e-5, 1e-2, 1.0, 30.0], 2000))
     values += [k * 2.0**e for e in range(-20, 9) for k in (1.0, 1.0625, 1.125, 1.1875, 1.5, 1.75, 1.9375)]

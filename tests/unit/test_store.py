@@ -22,6 +22,35 @@ def server():
     store.close()
 
 
+@pytest.fixture
+def later():
+    """later(delay, fn): call fn on another thread after `delay` seconds. When the test ends every such thread is
+    joined, and an exception it raised fails the test (a bare threading.Timer would only print a warning, and a
+    thread still running would act during the next test)."""
+    started = []
+
+    def start(delay, fn):
+        errors = []
+
+        def run():
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
+                errors.append(e)
+
+        timer = threading.Timer(delay, run)
+        timer.start()
+        started.append((timer, errors))
+        return timer
+
+    yield start
+    for timer, errors in started:
+        timer.join(10)
+        assert not timer.is_alive(), "a delayed action is still running"
+        if errors:
+            raise errors[0]
+
+
 def client(server, timeout=5.0):
     return TCPStore(HOST, server.port, is_server=False, timeout=timeout)
 
@@ -103,9 +132,9 @@ def test_constructor_arguments():
 
 # -- blocking and timeouts -----------------------------------------------------------------------------------------
 
-def test_get_blocks_until_set(server):
+def test_get_blocks_until_set(server, later):
     c = client(server)
-    threading.Timer(0.2, lambda: server.set("late", b"v")).start()
+    later(0.2, lambda: server.set("late", b"v"))
     t0 = time.monotonic()
     assert c.get("late", timeout=5) == b"v"
     assert 0.15 < time.monotonic() - t0 < 2
@@ -123,8 +152,8 @@ def test_get_timeout_names_key_and_timeout(server):
     assert server.get("after") == b"1"
 
 
-def test_wait_and_wait_timeout_names_missing_keys(server):
-    threading.Timer(0.1, lambda: (server.set("w1", b""), server.set("w2", b""))).start()
+def test_wait_and_wait_timeout_names_missing_keys(server, later):
+    later(0.1, lambda: (server.set("w1", b""), server.set("w2", b"")))
     client(server).wait(["w1", "w2"], timeout=5)
     with pytest.raises(CollectiveTimeout, match=r"\['gone'\]"):
         server.wait(["w1", "gone"], timeout=0.2)
@@ -138,13 +167,13 @@ def test_default_timeout_is_the_store_timeout():
         assert time.monotonic() - t0 < 1.3
 
 
-def test_client_retries_until_server_starts():
+def test_client_retries_until_server_starts(later):
     probe = socket.socket()
     probe.bind((HOST, 0))
     port = probe.getsockname()[1]
     probe.close()
     holder = {}
-    threading.Timer(0.3, lambda: holder.setdefault("srv", TCPStore(HOST, port, is_server=True, timeout=5))).start()
+    later(0.3, lambda: holder.setdefault("srv", TCPStore(HOST, port, is_server=True, timeout=5)))
     c = TCPStore(HOST, port, is_server=False, timeout=5)
     c.set("k", b"v")
     assert holder["srv"].get("k") == b"v"
@@ -205,16 +234,30 @@ def test_barrier_across_threads_is_reusable(server):
 
 
 def test_barrier_timeout_names_missing_ranks(server):
+    """Ranks 0 and 2 arrive, 1 and 3 never do: both arrived ranks raise, naming 1 and 3. Rank 2's outcome is
+    brought back to this thread and checked here (a pytest.raises inside the thread could only warn)."""
     other = client(server)
-    t = threading.Thread(target=lambda: pytest.raises(CollectiveTimeout, other.barrier, "bt", 4, 0.5, rank=2))
+    outcome = {}
+
+    def rank2():
+        try:
+            other.barrier("bt", 4, 0.5, rank=2)
+            outcome["error"] = None
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome["error"] = exc
+
+    t = threading.Thread(target=rank2)
     t.start()
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeout) as e:
         server.barrier("bt", 4, timeout=0.5, rank=0)
     assert time.monotonic() - t0 < 1.5
-    t.join()
-    assert e.value.ranks == (1, 3) and e.value.missing_ranks == (1, 3)
-    assert "missing ranks: [1, 3]" in str(e.value) and "2 of 4" in str(e.value)
+    t.join(10)
+    assert not t.is_alive()
+    for err in (e.value, outcome["error"]):
+        assert isinstance(err, CollectiveTimeout), err
+        assert err.ranks == (1, 3) and err.missing_ranks == (1, 3)
+        assert "missing ranks: [1, 3]" in str(err) and "2 of 4" in str(err)
     other.close()
 
 
@@ -339,10 +382,10 @@ def test_close_is_idempotent_and_frees_the_port():
     again.close()
 
 
-def test_server_close_wakes_a_blocked_remote_get():
+def test_server_close_wakes_a_blocked_remote_get(later):
     s = TCPStore(HOST, 0, is_server=True, timeout=5)
     c = TCPStore(HOST, s.port, is_server=False, timeout=5)
-    threading.Timer(0.2, s.close).start()
+    later(0.2, s.close)
     t0 = time.monotonic()
     with pytest.raises(RemoteError):
         c.get("never", timeout=30)
@@ -350,9 +393,9 @@ def test_server_close_wakes_a_blocked_remote_get():
     c.close()
 
 
-def test_client_close_unblocks_its_own_waiting_thread(server):
+def test_client_close_unblocks_its_own_waiting_thread(server, later):
     c = client(server)
-    threading.Timer(0.2, c.close).start()
+    later(0.2, c.close)
     t0 = time.monotonic()
     with pytest.raises(InvalidUsage):
         c.get("never", timeout=30)

@@ -239,3 +239,67 @@ def test_host_candidate_honours_host_fits():
     assert T.select(t, "all_reduce", 1 << 20, algo="host:tree")["algorithm"] == "tree"
     with pytest.raises(InvalidArgument, match="host backend has no schedule named warp"):
         T.select(t, "all_reduce", 1 << 20, algo="host:warp")
+
+
+def test_tune_fits_a_default_benchmark_run_by_what_auto_ran(tmp_path, capsys):
+    """gpucoll-bench's default run (--algo auto) records per row what auto resolved to ("algo_resolved"); tune
+    fits each algorithm over the sizes auto ran it at (it used to refuse: "no series with two sizes")."""
+    import subprocess
+    import sys
+
+    from gpucoll import _C, tune
+
+    src = tmp_path / "default.json"
+    cmd = [sys.executable, "-c", "import sys; from gpucoll.bench.cli import main; sys.exit(main())", "all_reduce",
+           "--nranks", "2", "-b", "1K", "-e", "16M", "-f", "8", "-n", "2", "-w", "1", "--json", str(src)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    doc = json.loads(src.read_text())
+    assert {r["algo"] for r in doc["results"]} == {"auto"}
+    for r in doc["results"]:
+        assert r["algo_resolved"] == _C.select_algorithm(0, 2, r["size"], 0, "auto"), r
+    out = tmp_path / "tuning.json"
+    assert tune.main([str(src), "-o", str(out)]) == 0
+    fits = json.loads(out.read_text())["fits"]
+    series = {}
+    for r in doc["results"]:
+        series.setdefault(r["algo_resolved"], set()).add(r["size"])
+    assert set(fits) == {f"host:{a}@SHM" for a, sizes in series.items() if len(sizes) >= 2} != set()
+    capsys.readouterr()
+
+
+def test_tune_says_to_rerun_when_auto_rows_do_not_say_what_ran(tmp_path, capsys):
+    from gpucoll import tune
+
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps(_bench_doc("host", "auto", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")))
+    assert tune.main([str(src), "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert "skipped host:auto all_reduce 4 ranks: the rows do not say which algorithm auto ran" in err
+    assert "rerun gpucoll-bench with --algo all" in err
+
+
+def test_tune_counts_sizes_not_points(tmp_path, capsys):
+    """In-place and out-of-place rows of one size are two points but not a line: such a series is skipped."""
+    from gpucoll import tune
+
+    doc = _bench_doc("host", "ring", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
+    doc["results"] = [dict(r, in_place=r["out_of_place"]) for r in doc["results"][:1]]
+    assert tune.fit([doc])["skipped"] == ["host:ring all_reduce 4 ranks: fewer than two sizes"]
+
+
+def test_topo_cli_labels_per_node_rings_and_unknown_nic_speeds(tmp_path, capsys):
+    from gpucoll import topo_cli
+
+    assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt"), "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "# ring per node, node 0 shown (NCCL-style, any path): 0 -> 1" in out
+    assert "# ring per node, node 0 shown over P2P only (our kernels):" in out
+    assert "# NIC mlx5_0 host 1 speed unknown, paths to GPUs:" in out and " 0 Gb/s" not in out
+    assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt")]) == 0
+    assert "# ring (NCCL-style, any path): 0 -> 1" in capsys.readouterr().out  # one node: no "per node"
+    doc = json.loads((FIX / "h100_2node_16x.json").read_text())
+    for nic in doc["nics"]:
+        nic["speed_gbps"] = 400
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    assert topo_cli.main(["--from-json", str(tmp_path / "t.json")]) == 0
+    assert "# NIC mlx5_0 host 0 400 Gb/s, paths to GPUs:" in capsys.readouterr().out

@@ -70,7 +70,7 @@ def test_numpy_arrays_resolve_to_their_dtype(name):
 
 
 def test_torch_tensors_resolve_to_their_dtype():
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     for name in DTYPES:
         t = torch.zeros(4, dtype=getattr(torch, name))
         buf = _buffers.resolve(t, "x")
@@ -89,22 +89,47 @@ def test_integer_avg_truncates_toward_zero():
     assert ref.tolist() == [-3, 3]  # -7 / 2 -> -3 (floor would give -4)
 
 
-def test_float_avg_rounds_once_in_the_dtype():
-    # 1/3 rounded once to each precision; NumPy's own float64 -> float16/float32 conversion is correctly rounded.
+def test_float_avg_reference_is_nccls_premultiplied_sum():
+    """avg on floats: each input times NCCL's 1/n rounded to the dtype, then summed (no overflow where the mean fits:
+    three float16 60000s average to 60000, a sum first would be inf)."""
     k = np.arange(-124, 125, dtype=np.float64)
     for dtype in ("float16", "float32", "float64"):
         ref = helpers.reference([k.astype(dtype), np.zeros_like(k).astype(dtype), np.zeros_like(k).astype(dtype)],
                                 dtype, "avg")
         assert ref.dtype == np.dtype(dtype)
-        assert np.array_equal(ref, (k / 3).astype(dtype))
+        s = np.dtype(dtype).type(np.float32(1 / 3)) if dtype != "float64" else 1 / 3
+        assert np.array_equal(ref, k.astype(dtype) * s)  # NumPy multiplies in the dtype, correctly rounded
+    big = [np.full(4, 60000, np.float16)] * 3
+    assert helpers.reference(big, "float16", "avg").tolist() == [60000.0] * 4
+    # NCCL's scalar goes through float32 first: for n = 8283 that double rounding gives another float16 than 1/n
+    assert helpers.avg_scalar("float16", 8283) == float(np.float16(np.float32(1 / 8283))) != float(np.float16(1 / 8283))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_the_library_scales_avg_by_the_same_bits_as_nccl(dtype):
+    """gpucoll's avg scalar (core/dispatch.h avg_scalar, through the host backend's binding) has NCCL's bits:
+    float(1.0 / n) for float32, 1.0 / n for float64, float16/bfloat16 from float(1.0 / n)."""
+    nd = {"float16": np.float16, "float32": np.float32, "float64": np.float64}.get(dtype)
+    for n in [*range(1, 300), 1000, 4096, 8283, 18631, 55831, 65535]:
+        raw = _C.avg_scalar_bytes(getattr(_C.DType, dtype), n)
+        if dtype == "bfloat16":  # bf16's bits are the high half of a float32 (little-endian: the last two bytes)
+            got = float(np.frombuffer(b"\0\0" + raw, np.float32)[0])
+        else:
+            got = float(np.frombuffer(raw, nd)[0])
+        assert got == helpers.avg_scalar(dtype, n), (dtype, n, got)
+    assert _C.avg_scalar_bytes(_C.DType.int32, 3) is None  # integers: sum, then divide
+
+
+def test_round_to_precision_agrees_with_numpy():
     # round_to_precision(p=11) must agree with NumPy's float16 rounding, ties included
+    k = np.arange(-124, 125, dtype=np.float64)
     q = np.concatenate([k / 3, k / 7, np.array([2049.0, 2051.0, 2053.0, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11])])
     assert np.array_equal(helpers.round_to_precision(q, 11), q.astype(np.float16).astype(np.float64))
     assert np.array_equal(helpers.round_to_precision(q, 24), q.astype(np.float32).astype(np.float64))
 
 
 def test_bf16_reference_rounding_matches_torch():
-    torch = pytest.importorskip("torch")
+    torch = helpers.require("torch")
     q = np.arange(-124, 125, dtype=np.float64) / 3
     want = torch.from_numpy(q).to(torch.float32).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     got = helpers.bf16_bits(helpers.round_to_precision(q, 8).astype(np.float32))
@@ -123,7 +148,11 @@ def test_inputs_make_every_result_exact(dtype, op):
             helpers.bf16_bits(a)  # raises if a value is not bf16-representable
     if dtype in helpers.FLOAT_DTYPES and op in ("sum", "avg"):
         limit = 2.0 ** {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}[dtype]
-        assert float(sum(np.abs(a.astype(np.float64)) for a in inputs).max()) <= limit
+        terms = [helpers.avg_premul(a, dtype, W) if op == "avg" else a.astype(np.float64) for a in inputs]
+        assert all(np.array_equal(t, np.rint(t)) for t in terms)  # integers: every partial sum is exact
+        assert float(sum(np.abs(t) for t in terms).max()) <= limit
+        if op == "avg":
+            assert sum(np.count_nonzero(a) for a in inputs) > 0.9 * W * 5000  # few inputs fell back to 0
     forward = helpers.reference(inputs, dtype, op)
     backward = helpers.reference(inputs[::-1], dtype, op)
     assert helpers.compare_exact(forward, backward) is None

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/host/kernels.h"
+#include "core/premul.h"
 #include "backends/host/region.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -301,6 +302,21 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, what, "the host backend has no arithmetic for ", dtype_name(a.dtype),
                   " (fp8 collectives need the NCCL backend, NCCL >= 2.24)");
   }
+  // The pre-multiplier of every input element: premul_sum's scalar (validated before the op starts, so a bad one
+  // leaves every rank in step), or avg's 1/n on floating types (core/dispatch.h: avg as NCCL computes it).
+  unsigned char scale[8];
+  bool scaled = false;
+  if (algo::coll_reduces(a.coll)) {
+    if (a.premul) {
+      GPUCOLL_CHECK_ARG(a.op == RedOp::kSum, "premul_sum is a sum; got op ", redop_name(a.op));
+      premul_scalar_bytes(a.dtype, a.premul_scalar, scale);
+      scaled = true;
+    } else if (a.op == RedOp::kAvg) {
+      scaled = avg_scalar_bytes(a.dtype, opt_.nranks, scale);
+    }
+  } else {
+    GPUCOLL_CHECK_ARG(!a.premul, "premul_sum applies to all_reduce, reduce and reduce_scatter; got ", what);
+  }
   begin_op(what);
   algo::Params p;
   p.coll = a.coll;
@@ -321,7 +337,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
     throw;
   }
   try {
-    run_pieces(a, plan);
+    run_pieces(a, plan, scaled ? scale : nullptr);
   } catch (const Error& e) {
     fail(what, &e);
     throw;
@@ -331,7 +347,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   }
 }
 
-void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
+void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const unsigned char* scale) {
   using algo::Coll;
   const Coll coll = a.coll;
   const int P = opt_.nranks;
@@ -364,12 +380,20 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
       return out + (static_cast<int64_t>(c) * n + begin) * es;
     };
 
-    // Copy-in is a step of its own: peers read this rank's work buffer only after it completes.
+    // Copy-in is a step of its own: peers read this rank's work buffer only after it completes. The pre-op of
+    // avg and premul_sum is applied here, once to each input element, as NCCL applies it when it first reads one.
+    auto copy_in = [&](void* dst, const void* src, int64_t len) {
+      if (scale != nullptr) {
+        premul_copy(dst, src, len, a.dtype, scale);
+      } else {
+        copy_elems(dst, src, len, a.dtype);
+      }
+    };
     wait_war(half);
     switch (coll) {
       case Coll::kAllReduce:
       case Coll::kReduce:
-        copy_elems(my_work, in + begin * es, L, a.dtype);
+        copy_in(my_work, in + begin * es, L);
         break;
       case Coll::kBroadcast:
         if (is_root) copy_elems(my_work, in + begin * es, L, a.dtype);
@@ -382,8 +406,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan) {
       case Coll::kAllToAll:
       case Coll::kScatter:
         if (coll != Coll::kScatter || is_root) {
-          for (int c = 0; c < P; ++c)
-            copy_elems(my_work + c * L * es, in + (static_cast<int64_t>(c) * n + begin) * es, L, a.dtype);
+          for (int c = 0; c < P; ++c) copy_in(my_work + c * L * es, in + (static_cast<int64_t>(c) * n + begin) * es, L);
         }
         break;
     }

@@ -52,6 +52,8 @@ struct CollArgs {
   int64_t count = 0;         // elements: N for all_reduce/broadcast/reduce, the per-rank block n otherwise
   DType dtype = DType::kF32;
   RedOp op = RedOp::kSum;
+  bool premul = false;         // op is gpucoll.premul_sum(premul_scalar): a sum of the inputs times the scalar
+  double premul_scalar = 1.0;  // converted to `dtype` as NCCL converts it (core/premul.h)
   int root = 0;
   int local_size = 0;  // hierarchical schedules; 0 = nranks
 };
@@ -118,7 +120,9 @@ class HostComm {
   [[noreturn]] void raise_timeout(int peer);
   bool peer_dead(int peer) const;
 
-  void run_pieces(const CollArgs& a, const Plan& plan);
+  // `scale`: the pre-multiplier of every input element (one element of a.dtype: avg's 1/n on floating types,
+  // premul_sum's scalar), or nullptr.
+  void run_pieces(const CollArgs& a, const Plan& plan, const unsigned char* scale);
   void debug_check(const CollArgs& a);
   // Waits until `word` reaches target, for a peer's p2p counter; same timeout/dead-peer rules as wait_done.
   void wait_word(WaitWord* w, uint32_t target, int peer);

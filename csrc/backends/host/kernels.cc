@@ -64,12 +64,40 @@ void reduce_into(void* dst, const void* src, int64_t count, DType dtype, RedOp o
   });
 }
 
+void premul_copy(void* dst, const void* src, int64_t count, DType dtype, const void* scalar) noexcept {
+  if (count <= 0) return;
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T s;
+    std::memcpy(&s, scalar, sizeof(T));
+    T* __restrict__ d = static_cast<T*>(dst);
+    const T* __restrict__ x = static_cast<const T*>(src);
+    for (int64_t i = 0; i < count; ++i) d[i] = premul(x[i], s);
+  });
+}
+
+bool avg_scalar_bytes(DType dtype, int n, unsigned char out[8]) noexcept {
+  std::memset(out, 0, 8);
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (kAvgPreMul<T>) {
+      const T s = avg_scalar<T>(n);
+      std::memcpy(out, &s, sizeof(T));
+      return true;
+    } else {
+      return false;
+    }
+  });
+}
+
 void avg_divide(void* data, int64_t count, DType dtype, int n) noexcept {
   if (count <= 0 || n == 1) return;
   dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    T* p = static_cast<T*>(data);
-    for (int64_t i = 0; i < count; ++i) p[i] = avg_finish(p[i], n);
+    if constexpr (!kAvgPreMul<T>) {
+      T* p = static_cast<T*>(data);
+      for (int64_t i = 0; i < count; ++i) p[i] = avg_finish(p[i], n);
+    }
   });
 }
 

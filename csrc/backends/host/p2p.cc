@@ -15,6 +15,10 @@
 
 namespace gpucoll::host {
 
+namespace {
+constexpr int32_t kPremulOpId = 1000;  // the op of a premul_sum in the debug descriptor (not a RedOp value)
+}  // namespace
+
 void HostComm::debug_check(const CollArgs& a) {
   // Publish this op's descriptor, make it a step (so every rank's descriptor is visible after it), then
   // compare. All ranks read the same table and so raise the same error. Two slots alternate by op parity:
@@ -22,7 +26,7 @@ void HostComm::debug_check(const CollArgs& a) {
   OpDesc& mine = ctl(opt_.rank)->desc[op_seq_ % 2];
   mine.coll = static_cast<int32_t>(a.coll);
   mine.dtype = static_cast<int32_t>(a.dtype);
-  mine.op = algo::coll_reduces(a.coll) ? static_cast<int32_t>(a.op) : -1;
+  mine.op = !algo::coll_reduces(a.coll) ? -1 : a.premul ? kPremulOpId : static_cast<int32_t>(a.op);
   mine.root = algo::coll_is_rooted(a.coll) ? a.root : -1;
   mine.count = a.count;
   mine.seq = op_seq_;
@@ -43,7 +47,9 @@ void HostComm::debug_check(const CollArgs& a) {
     table += "\n  rank " + std::to_string(q) + ": " + algo::coll_name(static_cast<algo::Coll>(d.coll)) + " #" +
              std::to_string(d.seq) + " dtype=" + dtype_name(static_cast<DType>(d.dtype)) +
              " count=" + std::to_string(d.count) +
-             (d.op >= 0 ? std::string(" op=") + redop_name(static_cast<RedOp>(d.op)) : std::string()) +
+             (d.op == kPremulOpId ? std::string(" op=premul_sum")
+              : d.op >= 0    ? std::string(" op=") + redop_name(static_cast<RedOp>(d.op))
+                             : std::string()) +
              (d.root >= 0 ? " root=" + std::to_string(d.root) : std::string());
   }
   // Everyone raises; nobody touched data, so the communicator stays usable.

@@ -1,11 +1,12 @@
-// Which features the loaded NCCL has, as pure functions of its version code, and the encoding of
-// premul_sum scalars. Kept apart from the communicator (nccl_cuda/) so that this logic builds and is tested
+// Which features the loaded NCCL has, as pure functions of its version code (premul_sum scalars: core/premul.h).
+// Kept apart from the communicator (nccl_cuda/) so that this logic builds and is tested
 // without CUDA: the checks run before anything touches a GPU, and tests feed them fake versions.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "core/premul.h"  // premul_scalar_bytes, for the NCCL backend
 #include "core/types.h"
 
 namespace gpucoll {
@@ -26,11 +27,5 @@ int nccl_dtype_min_version(DType t);
 void nccl_check_dtype(DType t, int version);
 
 bool nccl_multi_rank_gpu_supported(int version);
-
-// The bytes NCCL's ncclRedOpCreatePreMulSum reads for `scalar` in element type `t` (host-immediate
-// residence: a scalar of the reduction's own type), written to `out` (8 bytes; returns how many are used).
-// Throws InvalidArgument for a non-finite scalar, a fractional or out-of-range scalar for an integer type, and
-// one that overflows a floating type (fp8 included: rounded to nearest even, never saturated).
-size_t premul_scalar_bytes(DType t, double scalar, unsigned char out[8]);
 
 }  // namespace gpucoll

@@ -153,6 +153,22 @@ class DType:
             return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         return values.astype(self.storage)
 
+    def round(self, values: np.ndarray) -> np.ndarray:
+        """float64 values rounded to this floating dtype (to nearest even), as float64."""
+        if self.name == "bfloat16":
+            return (self.to_storage(values).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return values.astype(self.storage).astype(np.float64)
+
+    def avg_premul(self, values: np.ndarray, nranks: int) -> np.ndarray:
+        """avg's pre-op on a floating dtype, as NCCL computes it (gpucoll's core/dispatch.h): each value times
+        1/nranks (in double, then float32, then this dtype), rounded to this dtype. The products of the small
+        integers used here are exact in float64 before that one rounding (for double, float64's rounding is the
+        dtype's own)."""
+        scalar = 1.0 / nranks
+        if self.name != "double":
+            scalar = float(self.round(np.array([float(np.float32(scalar))]))[0])
+        return self.round(np.asarray(values, dtype=np.float64) * scalar)
+
     def wrap(self, arr: np.ndarray):
         """What the collective is given: the NumPy array, or a zero-copy torch view where NumPy has no such
         dtype (bfloat16)."""
@@ -200,7 +216,13 @@ def _values(dt: DType, op: str, nranks: int) -> np.ndarray:
         # Every partial sum stays within +-k*nranks <= dt.exact: exact for floats, no wrap for integers (avg
         # divides the finished sum, so a wrapped sum would change its result).
         k = max(1, min(8, dt.exact // nranks))
-        return rng.integers(0 if unsigned else -k, k + 1, shape)
+        vals = rng.integers(0 if unsigned else -k, k + 1, shape)
+        if op == "avg" and dt.kind == "f":
+            # avg on floats is a pre-multiplied sum (each input times 1/nranks, rounded): inputs nranks * y whose
+            # rounded products are exactly y, so that every partial sum of them is an exact integer (others: 0).
+            vals = vals * nranks
+            vals[dt.avg_premul(vals, nranks) * nranks != vals] = 0
+        return vals
     if op == "prod":
         # Magnitudes 1 or 2, half of them 2, but at most _MAX_TWOS twos per element over all ranks.
         twos = rng.integers(0, 2, shape).astype(bool)
@@ -249,8 +271,9 @@ def _storage_matrix(dt: DType, op: str, nranks: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def reduced_input(dt: DType, op: str, nranks: int) -> np.ndarray:
-    """The op over every rank's input, one period, as the result's bits; avg follows gpucoll/NCCL: floats
-    divide the sum by nranks (rounded once), integers divide it truncating toward zero."""
+    """The op over every rank's input, one period, as the result's bits; avg follows gpucoll/NCCL: floats sum
+    the inputs pre-multiplied by 1/nranks (their inputs make that exactly the sum divided by nranks), integers
+    divide the sum truncating toward zero."""
     vals = _values(dt, op, nranks)
     if op == "sum":
         res = vals.sum(axis=0)
