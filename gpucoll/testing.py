@@ -32,7 +32,10 @@ from __future__ import annotations
 import contextlib
 
 from gpucoll import _buffers, _cuda_buffers
+from gpucoll._device_array import DeviceArray
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage
+
+__all__ = ["DeviceArray", "VirtualRanks", "virtual_ranks"]
 
 
 class VirtualRanks:

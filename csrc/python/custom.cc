@@ -171,11 +171,13 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("handle", [](const cuda::Stream& s) { return reinterpret_cast<uintptr_t>(s.get()); })
       .def("synchronize", &cuda::Stream::synchronize, py::call_guard<py::gil_scoped_release>());
   py::class_<cuda::Event>(m, "CudaEvent")
-      .def(py::init<int>(), py::arg("device"))
+      .def(py::init<int, bool>(), py::arg("device"), py::arg("timing") = false)
       .def("record", [](cuda::Event& e, uintptr_t s) { e.record(as_stream(s)); }, py::arg("stream"))
       .def("query", &cuda::Event::query)
       .def("synchronize", &cuda::Event::synchronize, py::call_guard<py::gil_scoped_release>())
-      .def("wait_on", [](const cuda::Event& e, uintptr_t s) { e.wait_on(as_stream(s)); }, py::arg("stream"));
+      .def("wait_on", [](const cuda::Event& e, uintptr_t s) { e.wait_on(as_stream(s)); }, py::arg("stream"))
+      .def("elapsed_ms", &cuda::Event::elapsed_ms, py::arg("start"),
+           "Milliseconds since `start` completed (both made with timing=True, both complete).");
   py::class_<cuda::MultiStreamGraph>(m, "MultiStreamGraph")
       .def(py::init([](int device, const std::vector<uintptr_t>& streams) {
              std::vector<cudaStream_t> ss;
