@@ -53,11 +53,11 @@ struct KernelEntry {
   gpucoll_emu_invoke_fn invoke;
   gpucoll_emu_free_fn destroy;
 };
-std::mutex g_kernels_mu;
-std::unordered_map<const void*, KernelEntry>& kernels() {
-  static auto* m = new std::unordered_map<const void*, KernelEntry>();
-  return *m;
-}
+// Made when the library is loaded, before any thread (and never destroyed: slot threads outlive static
+// destructors at exit). A function-local static would also do, but its first-use guard is invisible to
+// ThreadSanitizer in this uninstrumented library.
+std::mutex* const g_kernels_mu = new std::mutex();
+auto* const g_kernels = new std::unordered_map<const void*, KernelEntry>();
 
 // ---- fibers and the block scheduler -------------------------------------------------------------------------------
 
@@ -65,17 +65,18 @@ struct Fiber {
   enum class State { kReady, kRunning, kBarrier, kStalled, kDone };
   Context ctx;
   uint3 tid{0, 0, 0};
+  bool started = false;  // resumed since this block began
   State state = State::kReady;
   uint64_t barrier_gen = 0;
   const void* poll_addr = nullptr;
   uint64_t poll_value = 0;
-  void* tsan = nullptr;
 };
 
 struct Block {
   Context sched;
   Stacks stacks;
   std::vector<Fiber> fibers;
+  std::vector<void*> tsan_fibers;  // ThreadSanitizer's fiber of CUDA thread i, reused block after block
   const Kernel* kernel = nullptr;
   Fiber* current = nullptr;
   int live = 0;
@@ -108,11 +109,15 @@ void fiber_main(void* arg) {
   to_scheduler_forever(b, f);
 }
 
-void resume(Block* b, Fiber* f) {
+void resume(Block* b, Fiber* f, int index) {
   b->current = f;
   threadIdx = f->tid;
   if (f->state != Fiber::State::kBarrier) f->state = Fiber::State::kRunning;
-  GPUCOLL_EMU_TSAN_ONLY(__tsan_switch_to_fiber(f->tsan, __tsan_switch_to_fiber_no_sync);)
+  // The first switch into a thread of this block synchronises: everything before the block's dispatch happens
+  // before its threads (a GPU's launch does that); later switches do not.
+  GPUCOLL_EMU_TSAN_ONLY(__tsan_switch_to_fiber(b->tsan_fibers[index], f->started ? __tsan_switch_to_fiber_no_sync : 0);)
+  (void)index;
+  f->started = true;
   switch_context(&b->sched, &f->ctx);
   b->current = nullptr;
 }
@@ -154,17 +159,18 @@ void run_block(const Kernel& k, uint64_t index) {
     f.tid = uint3{static_cast<unsigned>(i % k.block.x), static_cast<unsigned>((i / k.block.x) % k.block.y),
                   static_cast<unsigned>(i / (k.block.x * k.block.y))};
     make_context(&f.ctx, b->stacks.get(i), Stacks::bytes(), &fiber_main, &f);
-    GPUCOLL_EMU_TSAN_ONLY(f.tsan = __tsan_create_fiber(0);)
+    GPUCOLL_EMU_TSAN_ONLY(if (b->tsan_fibers.size() <= static_cast<size_t>(i)) b->tsan_fibers.push_back(__tsan_create_fiber(0));)
   }
   t_block = b;
   while (b->live > 0) {
     bool progress = false;
     const void* wait_addr = nullptr;
     uint64_t wait_value = 0;
-    for (Fiber& f : b->fibers) {
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = b->fibers[i];
       if (f.state == Fiber::State::kDone) continue;
       if (f.state == Fiber::State::kBarrier && f.barrier_gen == b->gen) continue;
-      resume(b, &f);
+      resume(b, &f, i);
       switch (f.state) {
         case Fiber::State::kDone:
           --b->live;
@@ -186,7 +192,7 @@ void run_block(const Kernel& k, uint64_t index) {
   }
   t_block = nullptr;
   threadIdx = uint3{0, 0, 0};
-  GPUCOLL_EMU_TSAN_ONLY(__tsan_acquire(&b->tsan_done); for (Fiber& f : b->fibers) __tsan_destroy_fiber(f.tsan);)
+  GPUCOLL_EMU_TSAN_ONLY(__tsan_acquire(&b->tsan_done);)
 }
 
 // ---- the block scheduler of one device ----------------------------------------------------------------------------
@@ -199,31 +205,67 @@ struct GridRun {
   std::function<void()> done;
 };
 
-struct DeviceExec {
-  std::mutex mu;
+// A device's slots. Work goes to the lowest-numbered idle slot, and a slot that finishes a block takes the next
+// queued one itself, so the set of slot threads in use (each with its stacks and, under ThreadSanitizer, 512 fiber
+// states) stays as small as the concurrency the kernels need instead of spreading over every slot.
+struct Slot {
   std::condition_variable cv;
-  std::deque<std::shared_ptr<GridRun>> queue;
-  bool started = false;
+  bool busy = false;
+  std::shared_ptr<GridRun> grid;  // handed over by the dispatcher
+  uint64_t index = 0;
 };
 
-DeviceExec& device_exec(int device) {
-  static DeviceExec* devices = new DeviceExec[16];
-  return devices[device];
+struct DeviceExec {
+  std::mutex mu;
+  std::deque<std::shared_ptr<GridRun>> queue;  // grids with blocks not yet dispatched, in launch order
+  std::vector<Slot*> slots;
+};
+
+DeviceExec* const g_devices = new DeviceExec[16];  // made at load time, never destroyed (see g_kernels)
+
+DeviceExec& device_exec(int device) { return g_devices[device]; }
+
+// Under d->mu: the next queued block, or false.
+bool take_block(DeviceExec* d, std::shared_ptr<GridRun>* g, uint64_t* index) {
+  if (d->queue.empty()) return false;
+  *g = d->queue.front();
+  *index = (*g)->next++;
+  if ((*g)->next == (*g)->total) d->queue.pop_front();
+  return true;
 }
 
-void slot_main(DeviceExec* d) {
+void slot_main(DeviceExec* d, Slot* slot) {
+  std::unique_lock<std::mutex> lock(d->mu);
   for (;;) {
-    std::shared_ptr<GridRun> g;
-    uint64_t index = 0;
-    {
-      std::unique_lock<std::mutex> lock(d->mu);
-      d->cv.wait(lock, [&] { return !d->queue.empty(); });
-      g = d->queue.front();
-      index = g->next++;
-      if (g->next == g->total) d->queue.pop_front();
-    }
-    run_block(*g->kernel, index);
-    if (g->left.fetch_sub(1, std::memory_order_acq_rel) == 1) g->done();
+    slot->cv.wait(lock, [&] { return slot->grid != nullptr; });
+    std::shared_ptr<GridRun> g = std::move(slot->grid);
+    uint64_t index = slot->index;
+    slot->grid = nullptr;
+    do {
+      lock.unlock();
+      run_block(*g->kernel, index);
+      // The grid is done when its last block is, whichever slot ran it: every block's work happens before the
+      // grid's completion (told to ThreadSanitizer by hand: this library's atomics are not instrumented).
+      GPUCOLL_EMU_TSAN_ONLY(__tsan_release(g.get());)
+      if (g->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        GPUCOLL_EMU_TSAN_ONLY(__tsan_acquire(g.get());)
+        g->done();
+      }
+      g.reset();
+      lock.lock();
+    } while (take_block(d, &g, &index));
+    slot->busy = false;
+  }
+}
+
+// Under d->mu: hands queued blocks to idle slots, lowest index first.
+void dispatch(DeviceExec* d) {
+  for (Slot* slot : d->slots) {
+    if (d->queue.empty()) return;
+    if (slot->busy) continue;
+    slot->busy = true;
+    take_block(d, &slot->grid, &slot->index);
+    slot->cv.notify_one();
   }
 }
 
@@ -231,9 +273,9 @@ void slot_main(DeviceExec* d) {
 
 bool lookup_kernel(const void* func, gpucoll_emu_pack_fn* pack, gpucoll_emu_invoke_fn* invoke,
                    gpucoll_emu_free_fn* destroy) {
-  std::lock_guard<std::mutex> lock(g_kernels_mu);
-  auto it = kernels().find(func);
-  if (func == nullptr || it == kernels().end()) return false;
+  std::lock_guard<std::mutex> lock(*g_kernels_mu);
+  auto it = g_kernels->find(func);
+  if (func == nullptr || it == g_kernels->end()) return false;
   *pack = it->second.pack;
   *invoke = it->second.invoke;
   *destroy = it->second.destroy;
@@ -260,13 +302,15 @@ void submit_grid(std::shared_ptr<const Kernel> k, std::function<void()> done) {
   g->done = std::move(done);
   DeviceExec& d = device_exec(g->kernel->device);
   std::lock_guard<std::mutex> lock(d.mu);
-  if (!d.started) {
-    d.started = true;
+  if (d.slots.empty()) {
     const int slots = config().sms * config().blocks_per_sm;
-    for (int i = 0; i < slots; ++i) std::thread(slot_main, &d).detach();
+    for (int i = 0; i < slots; ++i) {
+      d.slots.push_back(new Slot());  // never freed, like its thread
+      std::thread(slot_main, &d, d.slots.back()).detach();
+    }
   }
   d.queue.push_back(std::move(g));
-  d.cv.notify_all();
+  dispatch(&d);
 }
 
 void run_grid(std::shared_ptr<const Kernel> k) {
@@ -290,8 +334,8 @@ extern "C" {
 
 void gpucoll_emu_register_kernel(const void* func, gpucoll_emu_pack_fn pack, gpucoll_emu_invoke_fn invoke,
                                  gpucoll_emu_free_fn destroy) {
-  std::lock_guard<std::mutex> lock(g_kernels_mu);
-  kernels().emplace(func, KernelEntry{pack, invoke, destroy});
+  std::lock_guard<std::mutex> lock(*g_kernels_mu);
+  g_kernels->emplace(func, KernelEntry{pack, invoke, destroy});
 }
 
 void gpucoll_emu_syncthreads(void) {

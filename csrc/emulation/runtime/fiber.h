@@ -11,7 +11,10 @@
 #include <ucontext.h>
 #endif
 
-#if defined(__SANITIZE_THREAD__)
+// GPUCOLL_EMU_TSAN: the process runs under ThreadSanitizer (set by the build that links it; the emulator itself is
+// best left uninstrumented, see tests/emulation/native/CMakeLists.txt).
+#if defined(GPUCOLL_EMU_TSAN) || defined(__SANITIZE_THREAD__)
+#undef GPUCOLL_EMU_TSAN
 #define GPUCOLL_EMU_TSAN 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)

@@ -56,8 +56,10 @@ struct Handle {
 };
 static_assert(sizeof(Handle) <= CUDA_IPC_HANDLE_SIZE, "IPC handle layout");
 
-std::shared_mutex g_mu;
-std::map<uintptr_t, Alloc> g_allocs;  // by base address
+// By base address. Made at load time and never destroyed: a CUDA object freed during process exit must still find
+// its allocation.
+std::shared_mutex& g_mu = *new std::shared_mutex();
+std::map<uintptr_t, Alloc>& g_allocs = *new std::map<uintptr_t, Alloc>();
 uint64_t g_bytes[16] = {};
 
 uint64_t instance_id() {

@@ -104,10 +104,14 @@ Event* event_arg(cudaEvent_t e) {
 
 }  // namespace
 
-State& state() {
-  static State* s = new State();  // never destroyed: streams' workers and static destructors may outlive main
-  return *s;
-}
+namespace {
+// Made when the library is loaded, before any thread; never destroyed: stream workers and static destructors
+// that free CUDA resources may run after main returns. (A function-local static's first-use guard would be
+// invisible to ThreadSanitizer in this uninstrumented library.)
+State* const g_state = new State();
+}  // namespace
+
+State& state() { return *g_state; }
 
 Stream* resolve_stream(cudaStream_t handle, cudaError_t* err) {
   const int device = current_device();
