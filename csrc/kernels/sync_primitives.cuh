@@ -3,9 +3,11 @@
 // Everything else the kernels do (indexing, barriers, reductions, the flag protocol of peer_sync.cuh) is one
 // source for both.
 //
-//   st_release_sys   PTX st.release.sys            C++ release store (+ wake pollers of the word)
-//   ld_acquire_sys   PTX ld.acquire.sys            C++ acquire load (+ a scheduling point for a polling fiber)
-//   global_timer_ns  %globaltimer                  CLOCK_MONOTONIC
+//   st_release_sys       PTX st.release.sys               C++ release store (+ wake pollers of the word)
+//   ld_acquire_sys       PTX ld.acquire.sys               C++ acquire load (+ a scheduling point for a poller)
+//   ld_relaxed_sys       PTX ld.relaxed.sys               C++ relaxed load
+//   fetch_add_acq_rel    PTX atom.acq_rel.gpu.add         C++ acq_rel read-modify-write
+//   global_timer_ns      %globaltimer                     CLOCK_MONOTONIC
 //
 // The emulated versions use the compiler's __atomic builtins, i.e. the C++ memory model's release and acquire,
 // which is what the PTX scopes mean for our use (.sys: visible to other GPUs and processes, as every thread of
@@ -38,6 +40,12 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   return v;
 }
 
+__device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
+__device__ __forceinline__ uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() { return gpucoll_emu_global_timer_ns(); }
 
 #else
@@ -50,6 +58,19 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+
+__device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Device scope: every block of one kernel runs on the same GPU.
+__device__ __forceinline__ uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 __device__ __forceinline__ uint64_t global_timer_ns() {
