@@ -41,6 +41,8 @@ __all__ = ["DeviceArray", "VirtualRanks", "virtual_ranks"]
 class VirtualRanks:
     """P custom-allreduce ranks in this process on one GPU; see the module docstring."""
 
+    _broken = False  # set once a call timed out (see synchronize)
+
     def __init__(self, nranks: int, device: int = 0, *, buffer_bytes: int | None = None, timeout: float = 60.0):
         from gpucoll import _C, _custom_backend
 
@@ -80,6 +82,11 @@ class VirtualRanks:
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidUsage("these virtual ranks are closed")
+        if self._broken:
+            # Every later wait would give up at once (the kernels' timeout flag stays set): refuse instead of
+            # returning garbage.
+            raise InvalidUsage("a call of these virtual ranks timed out waiting for a peer; they are unusable: "
+                               "close them and make new ones")
 
     def _resolve_all(self, xs, name: str, writable: bool) -> list:
         if not isinstance(xs, (list, tuple)) or len(xs) != self.nranks:
@@ -163,13 +170,16 @@ class VirtualRanks:
 
     def synchronize(self) -> None:
         """Wait for every rank's stream; CollectiveTimeout if a kernel gave up waiting for a peer."""
-        self._check_open()
+        if self._closed:
+            raise InvalidUsage("these virtual ranks are closed")
         for s in self._streams:
             s.synchronize()
-        late = [r for r, c in enumerate(self.comms) if c.timed_out()]
-        if late:
-            raise CollectiveTimeout(f"virtual ranks {late} timed out waiting for peers' flags (blocks not resident at "
-                                    f"once, or a rank's kernel was never enqueued)", ranks=late)
+        waiting = [r for r, c in enumerate(self.comms) if c.timed_out()]
+        if waiting:
+            self._broken = True
+            missing = sorted({q for r in waiting for q in self.comms[r].late_ranks()})
+            raise CollectiveTimeout(f"virtual ranks {waiting} timed out waiting for rank(s) {missing} (blocks not "
+                                    f"resident at once, or a rank's kernel was never enqueued)", ranks=missing)
 
     def close(self) -> None:
         """Synchronise and free every rank (idempotent)."""

@@ -94,7 +94,9 @@ __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
         if (start == 0) {
           start = now;
         } else if (now - start > s.timeout_ns) {
-          // Give up rather than hang: the host finds timed_out set and raises; the data of this call is garbage.
+          // Give up rather than hang: the host finds timed_out set and raises, naming the ranks in late_ranks;
+          // the data of this call is garbage.
+          atomicOr(&s.self->late_ranks, 1u << q);
           atomicMax(&s.self->timed_out, k + 1);
           break;
         }

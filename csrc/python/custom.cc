@@ -170,6 +170,8 @@ void bind_cuda(py::module_& m) {
           },
           py::arg("algo"), py::arg("bytes"), py::arg("dtype"), py::arg("op"))
       .def("timed_out", &CustomComm::timed_out, py::call_guard<py::gil_scoped_release>())
+      .def("late_ranks", &CustomComm::late_ranks, py::call_guard<py::gil_scoped_release>(),
+           "The ranks a wait of this rank gave up on (their flags never came).")
       .def("synchronize", &CustomComm::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("close", &CustomComm::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &CustomComm::rank)
