@@ -1,10 +1,14 @@
-"""Testing and benchmarking helpers. ``virtual_ranks(P)``: P ranks of the custom allreduce in ONE process on ONE GPU.
+"""Testing and benchmarking helpers. ``virtual_ranks(P)``: P ranks of the custom allreduce in ONE process on ONE GPU;
+``DeviceArray``: CUDA device memory gpucoll allocates itself (no torch or CuPy needed; on gpucoll's emulated CUDA
+device it is the only kind there is).
 
     with gpucoll.testing.virtual_ranks(4, device=0) as vr:
         xs = [torch.full((n,), r, device="cuda:0") for r in range(4)]   # one input per rank
         torch.cuda.synchronize()                                         # inputs ready before vr's streams run
         vr.all_reduce(xs, algo="twoshot", op="sum")                       # enqueues P kernels, one per rank stream
         vr.synchronize()                                                  # xs[r] now hold the sum on every r
+
+    xs = [DeviceArray.from_host(np.full(n, r, np.float32)) for r in range(4)]   # the same without torch
 
 What it is: P ``_C.CustomComm`` objects sharing one device, each with its own CUDA stream (``vr.streams``), wired
 to each other with plain pointers (no IPC). One host thread must enqueue all P kernels of a collective before any

@@ -12,6 +12,7 @@
 
 #ifdef GPUCOLL_WITH_CUDA
 #include "backends/custom_cuda/device_buffer.h"
+#include "backends/nccl_cuda/cuda_util.h"
 #endif
 
 namespace py = pybind11;
@@ -149,6 +150,22 @@ void bind_device_memory(py::module_& m) {
         cuda::fill_sync(reinterpret_cast<void*>(dst), byte, n, device);
       },
       py::arg("dst"), py::arg("byte"), py::arg("nbytes"), py::arg("device"), "cudaMemset, complete on return.");
+  m.def(
+      "cuda_stream_synchronize",
+      [](uintptr_t stream, int device) {
+        py::gil_scoped_release release;
+        cuda::DeviceGuard guard(device);
+        GPUCOLL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+      },
+      py::arg("stream"), py::arg("device"), "cudaStreamSynchronize of a raw stream handle (0: the legacy stream).");
+  m.def(
+      "cuda_device_synchronize",
+      [](int device) {
+        py::gil_scoped_release release;
+        cuda::DeviceGuard guard(device);
+        GPUCOLL_CUDA_CHECK(cudaDeviceSynchronize());
+      },
+      py::arg("device"), "cudaDeviceSynchronize on `device`.");
   m.def("dlpack_capsule", &dlpack_capsule, py::arg("owner"), py::arg("ptr"), py::arg("shape"), py::arg("code"),
         py::arg("bits"), py::arg("device"),
         "A 'dltensor' capsule of C-contiguous CUDA memory at `ptr`; keeps `owner` alive until the consumer is done.");
@@ -157,7 +174,7 @@ void bind_device_memory(py::module_& m) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, "", "gpucoll was built without CUDA: it has no device memory");
   };
   for (const char* name : {"DeviceBuffer", "cuda_copy_from_host", "cuda_copy_to_host", "cuda_copy", "cuda_fill",
-                           "dlpack_capsule"}) {
+                           "cuda_stream_synchronize", "cuda_device_synchronize", "dlpack_capsule"}) {
     m.def(name, unsupported);
   }
 #endif

@@ -11,11 +11,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(de
 }
 
 void DeviceBuffer::release() noexcept {
-  if (ptr_ == nullptr) return;
-  int previous = -1;
-  if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
-  if (cudaFree(ptr_) != cudaSuccess) cudaGetLastError();
-  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  free_on_device(ptr_, device_);
   ptr_ = nullptr;
 }
 

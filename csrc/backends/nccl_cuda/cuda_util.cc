@@ -61,6 +61,14 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
+void free_on_device(void* ptr, int device) noexcept {
+  if (ptr == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device) cudaSetDevice(device);
+  if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
+}
+
 namespace {
 std::mutex g_pool_mu;
 std::vector<std::vector<cudaEvent_t>> g_pool;  // free events, per device
