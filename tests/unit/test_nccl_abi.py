@@ -136,7 +136,11 @@ int main() {
 
 
 def _nccl_include() -> Path | None:
-    spec = importlib.util.find_spec("nvidia.nccl")
+    # find_spec of a submodule raises when the parent package is missing (a venv without any nvidia-* wheel).
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except ModuleNotFoundError:
+        return None
     for d in (spec.submodule_search_locations or []) if spec is not None else []:
         if (Path(d) / "include" / "nccl.h").is_file():
             return Path(d) / "include"
