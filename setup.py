@@ -1,7 +1,10 @@
 """Build gpucoll: setuptools drives CMake (a CMakeExtension/CMakeBuild pair) to build gpucoll._C.
 
 Build-time variables (also listed by `python -m gpucoll info`):
-  GPUCOLL_CUDA=auto|on|off   auto builds the CUDA sources when nvcc is found; on without nvcc is an error.
+  GPUCOLL_CUDA=auto|on|off|emulate
+                             auto builds the CUDA sources when nvcc is found; on without nvcc is an error;
+                             emulate builds them with the host compiler against gpucoll's emulated CUDA device
+                             (csrc/emulation/: the GPU code runs on the CPU, for tests; never chosen by auto).
   GPUCOLL_CUDA_ARCHS="80;90" CUDA architectures; default: the local GPU's when one is present, else 80;90.
   CMAKE_ARGS                 extra arguments for CMake (e.g. -DGPUCOLL_WERROR=ON, as CI does).
 """
@@ -54,13 +57,49 @@ class CMakeExtension(Extension):
         self.sourcedir = str(Path(sourcedir).resolve())
 
 
+# The emulated CUDA runtime (GPUCOLL_CUDA=emulate): a shared library next to _C, which finds it through its RPATH.
+EMU_LIB = Path("_emu") / "libgpucoll_cudaemu.so"
+
+
 class CMakeBuild(build_ext):
+    def _emu_pairs(self):
+        """(built, in place) paths of the emulator library beside each extension; the built one may not exist."""
+        build_py = self.get_finalized_command("build_py")
+        pairs = []
+        for ext in self.extensions:
+            inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
+            pairs.append((Path(regular_file).parent / EMU_LIB, Path(inplace_file).parent / EMU_LIB))
+        return pairs
+
+    def copy_extensions_to_source(self):
+        # Editable installs copy the extension modules into the source tree; the emulator must follow _C there
+        # (and an emulator of an earlier emulate build must not stay behind next to a _C that does not use it).
+        super().copy_extensions_to_source()
+        for built, inplace in self._emu_pairs():
+            if built.exists():
+                inplace.parent.mkdir(parents=True, exist_ok=True)
+                self.copy_file(str(built), str(inplace), level=self.verbose)
+            else:
+                shutil.rmtree(inplace.parent, ignore_errors=True)
+
+    def get_output_mapping(self):
+        mapping = super().get_output_mapping()
+        if self.inplace:
+            mapping.update({str(b): str(i) for b, i in self._emu_pairs() if b.exists()})
+        return mapping
+
+    def get_outputs(self):
+        outputs = super().get_outputs()
+        if not self.inplace:
+            outputs += [str(b) for b, _ in self._emu_pairs() if b.exists()]
+        return outputs
+
     def build_extension(self, ext):
         out_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
         mode = os.environ.get("GPUCOLL_CUDA", "auto").strip().lower() or "auto"
-        if mode not in ("auto", "on", "off"):
-            raise SystemExit(f"GPUCOLL_CUDA={mode!r}: expected auto, on or off")
-        nvcc = _find_nvcc() if mode != "off" else None
+        if mode not in ("auto", "on", "off", "emulate"):
+            raise SystemExit(f"GPUCOLL_CUDA={mode!r}: expected auto, on, off or emulate")
+        nvcc = _find_nvcc() if mode in ("auto", "on") else None
         if mode == "on" and nvcc is None:
             raise SystemExit("GPUCOLL_CUDA=on but nvcc was not found (looked at CUDACXX, PATH, CUDA_HOME, "
                              "/usr/local/cuda). Install the CUDA toolkit or build with GPUCOLL_CUDA=off.")
@@ -75,7 +114,9 @@ class CMakeBuild(build_ext):
             f"-DGPUCOLL_VERSION={_version()}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
-        if nvcc is None:
+        if mode == "emulate":
+            args.append("-DGPUCOLL_CUDA=emulate")
+        elif nvcc is None:
             args.append("-DGPUCOLL_CUDA=off")
         else:
             archs = os.environ.get("GPUCOLL_CUDA_ARCHS", "").strip() or ";".join(_local_gpu_archs()) or "80;90"
@@ -89,6 +130,9 @@ class CMakeBuild(build_ext):
         if shutil.which("ninja") and not (build_temp / "CMakeCache.txt").exists():
             args.append("-GNinja")
         args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        if mode != "emulate":
+            # An emulator left by an earlier GPUCOLL_CUDA=emulate build would ship with a build that does not use it.
+            shutil.rmtree(out_dir / "_emu", ignore_errors=True)
         subprocess.run(["cmake", "-S", ext.sourcedir, "-B", str(build_temp), *args], check=True)
         stamp.write_text(config_key)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))

@@ -192,6 +192,8 @@ def empty_like(buf, count: int, shape):
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(int(buf.device.split(":")[1])):
             return cupy.empty(shape, dtype=buf.obj.dtype)
+    if type(buf.obj).__module__ == "gpucoll._device_array":  # gpucoll.testing.DeviceArray
+        return buf.obj.empty_like(shape)
     what = "a __cuda_array_interface__" if buf.kind == "cai" else "a DLPack"
     raise InvalidArgument(f"x is {what} object, for which gpucoll cannot allocate a result array: pass out= "
                           f"(an array of the result's shape {tuple(shape)} on the same device)")

@@ -158,9 +158,11 @@ class CustomBackend:
             # Every later wait of this communicator gives up at once (the flag stays set): refuse further calls
             # instead of returning garbage.
             self._broken = True
+            late = list(self._native.late_ranks())
             raise CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.device}) waited longer than "
-                                    f"{self._timeout:g} s for a peer's flag; its results are invalid and the "
-                                    f"communicator is unusable", call="all_reduce")
+                                    f"{self._timeout:g} s for rank(s) {late} (their kernels never arrived); its "
+                                    f"results are invalid and the communicator is unusable", call="all_reduce",
+                                    ranks=late)
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def _decline(self, coll: int, src, dst, count: int, redop) -> str:

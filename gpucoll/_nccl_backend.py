@@ -45,11 +45,26 @@ def problems(build=None, probe=None, nccl=None) -> list:
 
     probe = dict(_C.cuda_probe()) if probe is None else probe
     out = gpu_problems("the nccl backend", _C.NCCL_BACKEND_UNBUILT_REASON, build, probe)
+    why = emulated_nccl_problem(build)
+    if why:
+        out.append(why)
     nccl = _nccl.load() if nccl is None else nccl
     if not nccl.get("loaded"):
         out.append(f"NCCL is not available: {nccl.get('reason') or 'not loaded'}. Install it: "
                    f"{_nccl.install_hint(probe.get('driver_version'))}")
     return out
+
+
+def emulated_nccl_problem(build=None) -> str | None:
+    """Why NCCL cannot run on gpucoll's emulated CUDA device (a GPUCOLL_CUDA=emulate build), or None elsewhere: a
+    real libnccl needs a GPU, and the NCCL stand-in for the emulated device is not built yet."""
+    from gpucoll import _C
+
+    build = dict(_C.build_info()) if build is None else build
+    if not build.get("cuda_emulated"):
+        return None
+    return ("NCCL cannot run on gpucoll's emulated CUDA device: a real libnccl needs a GPU, and the NCCL stand-in "
+            "for the emulated device is not built yet")
 
 
 def gpu_problems(backend: str, unbuilt_reason: str, build=None, probe=None) -> list:

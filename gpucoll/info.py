@@ -152,7 +152,11 @@ def format_text(info: dict) -> str:
         lines.append(f"native core: NOT importable: {native['reason']}")
     build = info["build"]
     if build is not None:
-        if build["cuda_built"]:
+        if build.get("cuda_emulated"):
+            lines.append(f"build: CUDA EMULATED (GPUCOLL_CUDA=emulate), compiler {build['compiler']}")
+            lines.append("  The CUDA device below is gpucoll's CPU emulation, not a GPU: the GPU code runs on the CPU, "
+                         "for tests. Its timings are not GPU timings.")
+        elif build["cuda_built"]:
             archs = build["cuda_archs"] or "?"
             lines.append(f"build: CUDA on (archs {archs}), compiler {build['compiler']}")
         else:
@@ -160,14 +164,16 @@ def format_text(info: dict) -> str:
     cuda = info["cuda"]
     if cuda is not None:
         runtime = cuda["runtime_version_string"] or "none (built without CUDA)"
-        if cuda["driver_version"]:
+        if cuda.get("emulated"):
+            driver = f"emulated ({cuda['driver_path'] or 'libgpucoll_cudaemu.so'})"
+        elif cuda["driver_version"]:
             driver = f"{cuda['driver_version_string']} ({cuda['driver_path'] or 'libcuda.so.1'})"
         else:
             driver = "none"
         lines.append(f"CUDA runtime: {runtime}")
         lines.append(f"CUDA driver: {driver}")
         if cuda["device_count"]:
-            lines.append(f"CUDA devices: {cuda['device_count']}")
+            lines.append(f"CUDA devices: {cuda['device_count']}" + (" (emulated: not GPUs)" if cuda.get("emulated") else ""))
             for d in cuda["devices"]:
                 lines.append(
                     f"  [{d['index']}] {d['name']}  sm_{d['major']}{d['minor']}  "

@@ -1,10 +1,14 @@
-"""Testing and benchmarking helpers. ``virtual_ranks(P)``: P ranks of the custom allreduce in ONE process on ONE GPU.
+"""Testing and benchmarking helpers. ``virtual_ranks(P)``: P ranks of the custom allreduce in ONE process on ONE GPU;
+``DeviceArray``: CUDA device memory gpucoll allocates itself (no torch or CuPy needed; on gpucoll's emulated CUDA
+device it is the only kind there is).
 
     with gpucoll.testing.virtual_ranks(4, device=0) as vr:
         xs = [torch.full((n,), r, device="cuda:0") for r in range(4)]   # one input per rank
         torch.cuda.synchronize()                                         # inputs ready before vr's streams run
         vr.all_reduce(xs, algo="twoshot", op="sum")                       # enqueues P kernels, one per rank stream
         vr.synchronize()                                                  # xs[r] now hold the sum on every r
+
+    xs = [DeviceArray.from_host(np.full(n, r, np.float32)) for r in range(4)]   # the same without torch
 
 What it is: P ``_C.CustomComm`` objects sharing one device, each with its own CUDA stream (``vr.streams``), wired
 to each other with plain pointers (no IPC). One host thread must enqueue all P kernels of a collective before any
@@ -32,11 +36,16 @@ from __future__ import annotations
 import contextlib
 
 from gpucoll import _buffers, _cuda_buffers
+from gpucoll._device_array import DeviceArray
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage
+
+__all__ = ["DeviceArray", "VirtualRanks", "virtual_ranks"]
 
 
 class VirtualRanks:
     """P custom-allreduce ranks in this process on one GPU; see the module docstring."""
+
+    _broken = False  # set once a call timed out (see synchronize)
 
     def __init__(self, nranks: int, device: int = 0, *, buffer_bytes: int | None = None, timeout: float = 60.0):
         from gpucoll import _C, _custom_backend
@@ -77,6 +86,11 @@ class VirtualRanks:
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidUsage("these virtual ranks are closed")
+        if self._broken:
+            # Every later wait would give up at once (the kernels' timeout flag stays set): refuse instead of
+            # returning garbage.
+            raise InvalidUsage("a call of these virtual ranks timed out waiting for a peer; they are unusable: "
+                               "close them and make new ones")
 
     def _resolve_all(self, xs, name: str, writable: bool) -> list:
         if not isinstance(xs, (list, tuple)) or len(xs) != self.nranks:
@@ -160,13 +174,16 @@ class VirtualRanks:
 
     def synchronize(self) -> None:
         """Wait for every rank's stream; CollectiveTimeout if a kernel gave up waiting for a peer."""
-        self._check_open()
+        if self._closed:
+            raise InvalidUsage("these virtual ranks are closed")
         for s in self._streams:
             s.synchronize()
-        late = [r for r, c in enumerate(self.comms) if c.timed_out()]
-        if late:
-            raise CollectiveTimeout(f"virtual ranks {late} timed out waiting for peers' flags (blocks not resident at "
-                                    f"once, or a rank's kernel was never enqueued)", ranks=late)
+        waiting = [r for r, c in enumerate(self.comms) if c.timed_out()]
+        if waiting:
+            self._broken = True
+            missing = sorted({q for r in waiting for q in self.comms[r].late_ranks()})
+            raise CollectiveTimeout(f"virtual ranks {waiting} timed out waiting for rank(s) {missing} (blocks not "
+                                    f"resident at once, or a rank's kernel was never enqueued)", ranks=missing)
 
     def close(self) -> None:
         """Synchronise and free every rank (idempotent)."""

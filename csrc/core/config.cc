@@ -59,9 +59,28 @@ const std::vector<ConfigVar>& config_vars() {
        "Tuning file from gpucoll-tune: fitted a/b per algorithm and link class replacing the shipped defaults."},
       {"GPUCOLL_CUDA", VarType::kString, "auto",
        "Build time (read by setup.py): auto builds the CUDA sources when nvcc is found; on requires nvcc; "
-       "off builds host-only."},
+       "off builds host-only; emulate builds them with the host compiler against gpucoll's emulated CUDA device "
+       "(csrc/emulation/), so the GPU code runs on a CPU (for tests: it is not a GPU, and its timings are not GPU "
+       "timings)."},
       {"GPUCOLL_CUDA_ARCHS", VarType::kString, "",
        "Build time (read by setup.py): CUDA architectures, e.g. '80;90'. Empty: the local GPU's, else 80;90."},
+      // The emulated device's shape (GPUCOLL_CUDA=emulate builds only), read when gpucoll._C is imported: every
+      // process of a job must see the same values. Tests set them to check residency and eligibility decisions
+      // on several GPU shapes.
+      {"GPUCOLL_EMU_DEVICES", VarType::kInt, "1", "Emulated device: how many devices (cudaGetDeviceCount)."},
+      {"GPUCOLL_EMU_SMS", VarType::kInt, "8",
+       "Emulated device: multiprocessors per device. With GPUCOLL_EMU_BLOCKS_PER_SM it fixes how many blocks "
+       "can be resident at once (one OS thread each); a launch that finds no free slot waits, as on a GPU."},
+      {"GPUCOLL_EMU_BLOCKS_PER_SM", VarType::kInt, "2",
+       "Emulated device: resident blocks per multiprocessor, for any kernel of up to 1024 threads (what "
+       "cudaOccupancyMaxActiveBlocksPerMultiprocessor answers)."},
+      {"GPUCOLL_EMU_COMPUTE_CAPABILITY", VarType::kString, "9.0", "Emulated device: compute capability, e.g. 8.0."},
+      {"GPUCOLL_EMU_P2P", VarType::kBool, "1",
+       "Emulated device: whether distinct devices can map each other's memory (cudaDeviceCanAccessPeer, CUDA "
+       "IPC between processes on different devices)."},
+      {"GPUCOLL_EMU_MEMORY", VarType::kBytes, "16G",
+       "Emulated device: memory per device; cudaMalloc beyond it fails with cudaErrorMemoryAllocation. "
+       "Allocations are host memory (shared, so CUDA IPC works)."},
   };
   return vars;
 }

@@ -45,6 +45,7 @@ struct alignas(128) Signals {
   uint64_t calls;        // kernels of this communicator completed so far; read by every block at its start
   uint32_t blocks_done;  // blocks of the running kernel that finished; the last one bumps `calls`
   uint32_t timed_out;    // non-zero (1 + the barrier number that gave up) once a wait gave up; read by the host
+  uint32_t late_ranks;   // bit q: a wait for rank q's flag gave up (the host names the ranks that never arrived)
   uint32_t probe;        // kProbeMagic ^ rank, written at set-up: peers read it to prove the mapping works
 };
 

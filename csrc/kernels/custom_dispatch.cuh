@@ -1,8 +1,11 @@
 // The launch plumbing shared by the custom kernels: the dtype x op subset they are instantiated for (through
 // core/dispatch.h, the one dispatch), argument checks, the launch itself and the occupancy query.
 //
-// A kernel file defines a struct with `template <class T, class Op, class Fin> static const void* kernel()`
-// returning its __global__ function, whose parameters must be (AllReduceArgs, Op, Fin).
+// A kernel file defines a struct with `template <class T, class Op, class Fin> static auto kernel()` returning a
+// pointer to its __global__ function, whose parameters must be (AllReduceArgs, Op, Fin). The pointer stays typed
+// down to cudaLaunchKernel and the occupancy query (their C++ overloads): nvcc does not need the type, but the
+// emulated device (csrc/emulation/) learns from it how to pass the parameters, which nvcc's registration of
+// __global__ functions tells NVIDIA's runtime.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,7 +63,7 @@ cudaError_t launch_kernel(const AllReduceArgs& a, bool needs_staging, cudaStream
   if (!args_valid(a, needs_staging)) return cudaErrorInvalidValue;
   return dispatch_custom(a.dtype, a.op, a.nranks, [&](auto tag, auto op, auto fin) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    const void* kernel = K::template kernel<T, decltype(op), decltype(fin)>();
+    const auto kernel = K::template kernel<T, decltype(op), decltype(fin)>();
     AllReduceArgs args = a;
     void* params[] = {&args, &op, &fin};
     return cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(a.blocks)), dim3(static_cast<unsigned>(a.threads)),

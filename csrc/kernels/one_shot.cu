@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(AllReduceArgs a, Op 
 
 struct OneShotKernel {
   template <class T, class Op, class Fin>
-  static const void* kernel() {
-    return reinterpret_cast<const void*>(&one_shot_kernel<T, Op, Fin>);
+  static auto kernel() {
+    return &one_shot_kernel<T, Op, Fin>;
   }
 };
 

@@ -18,37 +18,20 @@
 #include <cstring>
 #include <type_traits>
 
-#include "algo/schedule.h"
+#include "backends/custom/slices.h"
 #include "kernels/custom_allreduce.h"
 #include "kernels/primitives.cuh"
 
 namespace gpucoll::cuda::custom {
 
-struct Range {
-  size_t begin;
-  size_t count;
-};
+using gpucoll::custom::chunk_range;
+using gpucoll::custom::Range;
 
-// Chunk c of `nchunks` over `count` elements: the balanced split of algo/schedule.h (same as the host backend).
-__device__ __forceinline__ Range chunk_range(size_t count, int nchunks, int c) {
-  const size_t b = static_cast<size_t>(algo::chunk_begin(static_cast<int64_t>(count), nchunks, c));
-  const size_t e = static_cast<size_t>(algo::chunk_begin(static_cast<int64_t>(count), nchunks, c + 1));
-  return Range{b, e - b};
-}
-
-// This block's slice of a chunk (offsets relative to the chunk start).
+// This block's slice of a chunk (absolute offsets, like the chunk's): backends/custom/slices.h.
 template <class T>
 __device__ __forceinline__ Range block_slice(Range chunk) {
-  constexpr size_t kElems = Pack<T>::kElems;
-  const size_t units = (chunk.count + kElems - 1) / kElems;
-  const int nb = static_cast<int>(gridDim.x);
-  const int b = static_cast<int>(blockIdx.x);
-  const size_t ub = static_cast<size_t>(algo::chunk_begin(static_cast<int64_t>(units), nb, b));
-  const size_t ue = static_cast<size_t>(algo::chunk_begin(static_cast<int64_t>(units), nb, b + 1));
-  size_t begin = ub * kElems, end = ue * kElems;
-  if (begin > chunk.count) begin = chunk.count;
-  if (end > chunk.count) end = chunk.count;
-  return Range{chunk.begin + begin, end - begin};
+  return gpucoll::custom::block_slice_of(chunk, Pack<T>::kElems, static_cast<int>(gridDim.x),
+                                         static_cast<int>(blockIdx.x));
 }
 
 // Loads that bypass L1 (ld.global.cg): for memory another rank writes. L1 is not coherent across SMs or GPUs;

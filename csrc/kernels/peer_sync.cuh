@@ -39,24 +39,9 @@
 #include <cstdint>
 
 #include "kernels/custom_allreduce.h"
+#include "kernels/sync_primitives.cuh"
 
 namespace gpucoll::cuda::custom {
-
-__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // Per-call state of one block.
 struct Sync {
@@ -68,8 +53,8 @@ struct Sync {
   uint64_t timeout_ns;
 };
 
-// Reads this communicator's call number. Every block of the kernel reads the same value: the only write,
-// by the last block to finish (end_call), happens after every block has passed this point.
+// Reads this communicator's call number. Every block of the kernel reads the same value: the only write, by the
+// last block to finish (end_call), happens after every block's read, through end_call's acq_rel count.
 __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
   __shared__ uint64_t calls;
   Signals* self = static_cast<Signals*>(a.sigs.ptr[a.rank]);
@@ -102,11 +87,16 @@ __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
       if (s.timeout_ns != 0 && (++spins & 1023u) == 0) {
         const uint64_t now = global_timer_ns();
         // A wait that already gave up (this call or an earlier one) makes every later wait give up at once.
-        if (*reinterpret_cast<volatile uint32_t*>(&s.self->timed_out) != 0) break;
+        // A relaxed atomic load, not a volatile one: other blocks write the word (atomicMax) meanwhile, and a
+        // plain (volatile) load racing an atomic is a data race in the C++ model, which is how the emulated
+        // device checks this code. (Found by ThreadSanitizer, tests/emulation/test_tsan.py.)
+        if (ld_relaxed_sys(&s.self->timed_out) != 0) break;
         if (start == 0) {
           start = now;
         } else if (now - start > s.timeout_ns) {
-          // Give up rather than hang: the host finds timed_out set and raises; the data of this call is garbage.
+          // Give up rather than hang: the host finds timed_out set and raises, naming the ranks in late_ranks;
+          // the data of this call is garbage.
+          atomicOr(&s.self->late_ranks, 1u << q);
           atomicMax(&s.self->timed_out, k + 1);
           break;
         }
@@ -116,12 +106,19 @@ __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
   __syncthreads();  // (4) nobody reads peer data before all P acquires
 }
 
-// The last block to finish bumps `calls` for the next kernel; a plain store suffices because only this rank's
-// next kernel on the same stream reads it, after this one completed.
+// The last block to finish bumps `calls` for the next kernel, and resets the count. Plain stores suffice for the
+// next kernel (same stream: it starts after this one completed), but not within this kernel: other blocks read
+// `calls` in begin_call and incremented blocks_done, and with a relaxed count (atomicAdd) nothing orders those
+// accesses before the last block's stores. Under the PTX (and C++) memory model that is a data race on both
+// words; in principle a block could even read the bumped `calls` (load buffering). The count is therefore an
+// acq_rel read-modify-write at device scope: each block's increment releases its thread 0's earlier accesses
+// (its begin_call read included), and the last block's increment acquires every earlier one (they form one
+// release sequence), so its stores happen after all of them. (Found by ThreadSanitizer on the emulated device,
+// tests/emulation/test_tsan.py.)
 __device__ __forceinline__ void end_call(const Sync& s) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t done = atomicAdd(&s.self->blocks_done, 1u);
+    const uint32_t done = fetch_add_acq_rel(&s.self->blocks_done, 1u);
     if (done == gridDim.x - 1) {
       s.self->blocks_done = 0;
       s.self->calls = s.calls + 1;

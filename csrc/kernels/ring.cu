@@ -15,8 +15,8 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(AllReduceArgs a, Op op, 
 
 struct RingKernel {
   template <class T, class Op, class Fin>
-  static const void* kernel() {
-    return reinterpret_cast<const void*>(&ring_kernel<T, Op, Fin>);
+  static auto kernel() {
+    return &ring_kernel<T, Op, Fin>;
   }
 };
 

@@ -14,6 +14,7 @@
 //                  wrote in step t; WAR: nobody overwrites a chunk a peer still reads). Not after the last step:
 //                  copy-out reads only this rank's own buffer, and the half is next written two calls later
 //                  (see staging() in peer_ops.cuh).
+//   __syncthreads  the block's own writes of the last step, before other threads of it copy them out.
 //   copy-out       result space (work) -> out, applying avg's finish once per element (integer types: / n).
 // Pipelining: blocks are independent (block b waits only for block b of its peers), so a fast block runs
 // ahead into later steps of its slice while a slow one finishes earlier steps: the slices are the pieces.
@@ -76,6 +77,11 @@ __device__ __forceinline__ void run_schedule(const AllReduceArgs& a, Op op, Fin 
     if (!last) barrier(s, static_cast<uint32_t>(step + 1));
   }
   if (sh.result == algo::Space::kWork) {
+    // The copy-out reads work elements that other threads of this block wrote in the last step: which thread
+    // moves which element follows the pointers' alignment (pack_split), and `out` may sit at another offset
+    // within 16 bytes than the staging buffer (a misaligned user buffer: all scalar), so the last step's writer
+    // of an element is not its reader here. (Found by the emulated device: P=2 ring, out 4 bytes off.)
+    __syncthreads();
     for (int c = 0; c < sh.nchunks; ++c) {
       const Range r = block_slice<T>(chunk_range(a.count, sh.nchunks, c));
       block_copy(static_cast<T*>(a.out) + r.begin, work + r.begin, r.count, FinishOnly<Fin>{fin});

@@ -15,8 +15,8 @@ __global__ void __launch_bounds__(kThreads) tree_kernel(AllReduceArgs a, Op op, 
 
 struct TreeKernel {
   template <class T, class Op, class Fin>
-  static const void* kernel() {
-    return reinterpret_cast<const void*>(&tree_kernel<T, Op, Fin>);
+  static auto kernel() {
+    return &tree_kernel<T, Op, Fin>;
   }
 };
 

@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(AllReduceArgs a, Op 
 
 struct TwoShotKernel {
   template <class T, class Op, class Fin>
-  static const void* kernel() {
-    return reinterpret_cast<const void*>(&two_shot_kernel<T, Op, Fin>);
+  static auto kernel() {
+    return &two_shot_kernel<T, Op, Fin>;
   }
 };
 

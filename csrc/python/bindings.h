@@ -20,6 +20,8 @@ void bind_runtime(pybind11::module_& m);
 void bind_nccl(pybind11::module_& m);
 // topo.cc: the Topology value, its importers and detection, the topology-aware cost model.
 void bind_topo(pybind11::module_& m);
+// device_memory.cc: device memory gpucoll owns (gpucoll.testing.DeviceArray): copies, DLPack export.
+void bind_device_memory(pybind11::module_& m);
 // custom.cc: gpucoll's own allreduce kernels (host-side decisions everywhere; the communicator in CUDA builds).
 void bind_custom(pybind11::module_& m);
 

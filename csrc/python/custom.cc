@@ -10,6 +10,7 @@
 
 #include "backends/custom/eligibility.h"
 #include "backends/custom/launch_shape.h"
+#include "backends/custom/slices.h"
 #include "core/error.h"
 #include "python/bindings.h"
 
@@ -60,6 +61,19 @@ void bind_host_logic(py::module_& m) {
   m.def("custom_check_residency", &custom::check_residency, py::arg("nranks"), py::arg("blocks"), py::arg("sms"),
         py::arg("blocks_per_sm"));
   m.def("custom_piece_elems", &custom::piece_elems, py::arg("half_bytes"), py::arg("elem_size"));
+  m.def(
+      "custom_slice",
+      [](size_t count, int nchunks, int chunk, int nblocks, int block, size_t elems_per_pack) {
+        GPUCOLL_CHECK_ARG(nchunks >= 1 && chunk >= 0 && chunk < nchunks && nblocks >= 1 && block >= 0 &&
+                              block < nblocks && elems_per_pack >= 1,
+                          "custom_slice needs 0 <= chunk < nchunks, 0 <= block < nblocks, elems_per_pack >= 1");
+        const custom::Range r =
+            custom::block_slice_of(custom::chunk_range(count, nchunks, chunk), elems_per_pack, nblocks, block);
+        return py::make_tuple(r.begin, r.count);
+      },
+      py::arg("count"), py::arg("nchunks"), py::arg("chunk"), py::arg("nblocks"), py::arg("block"),
+      py::arg("elems_per_pack"),
+      "(begin, count) of block `block`'s slice of chunk `chunk`: the kernels' own arithmetic (slices.h).");
   m.def(
       "custom_eligibility",
       [](int nranks, std::vector<std::string> hosts, std::vector<uint8_t> p2p, DType dtype, RedOp op, bool premul,
@@ -156,6 +170,8 @@ void bind_cuda(py::module_& m) {
           },
           py::arg("algo"), py::arg("bytes"), py::arg("dtype"), py::arg("op"))
       .def("timed_out", &CustomComm::timed_out, py::call_guard<py::gil_scoped_release>())
+      .def("late_ranks", &CustomComm::late_ranks, py::call_guard<py::gil_scoped_release>(),
+           "The ranks a wait of this rank gave up on (their flags never came).")
       .def("synchronize", &CustomComm::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("close", &CustomComm::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &CustomComm::rank)
@@ -171,11 +187,13 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("handle", [](const cuda::Stream& s) { return reinterpret_cast<uintptr_t>(s.get()); })
       .def("synchronize", &cuda::Stream::synchronize, py::call_guard<py::gil_scoped_release>());
   py::class_<cuda::Event>(m, "CudaEvent")
-      .def(py::init<int>(), py::arg("device"))
+      .def(py::init<int, bool>(), py::arg("device"), py::arg("timing") = false)
       .def("record", [](cuda::Event& e, uintptr_t s) { e.record(as_stream(s)); }, py::arg("stream"))
       .def("query", &cuda::Event::query)
       .def("synchronize", &cuda::Event::synchronize, py::call_guard<py::gil_scoped_release>())
-      .def("wait_on", [](const cuda::Event& e, uintptr_t s) { e.wait_on(as_stream(s)); }, py::arg("stream"));
+      .def("wait_on", [](const cuda::Event& e, uintptr_t s) { e.wait_on(as_stream(s)); }, py::arg("stream"))
+      .def("elapsed_ms", &cuda::Event::elapsed_ms, py::arg("start"),
+           "Milliseconds since `start` completed (both made with timing=True, both complete).");
   py::class_<cuda::MultiStreamGraph>(m, "MultiStreamGraph")
       .def(py::init([](int device, const std::vector<uintptr_t>& streams) {
              std::vector<cudaStream_t> ss;

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_C, m) {
   gpucoll::python::bind_nccl(m);
   gpucoll::python::bind_topo(m);
   gpucoll::python::bind_custom(m);
+  gpucoll::python::bind_device_memory(m);
 }

@@ -13,6 +13,11 @@
 #ifdef GPUCOLL_WITH_CUDA
 #include "kernels/cuda_runtime_info.h"
 #endif
+#ifdef GPUCOLL_CUDA_EMULATION
+#include <gpucoll_emu/api.h>
+
+#include "emulation/configure.h"
+#endif
 
 namespace py = pybind11;
 
@@ -43,6 +48,11 @@ py::dict build_info() {
   d["cuda_built"] = false;
   d["cuda_runtime_version"] = py::none();
 #endif
+#ifdef GPUCOLL_CUDA_EMULATION
+  d["cuda_emulated"] = true;
+#else
+  d["cuda_emulated"] = false;
+#endif
 #ifdef GPUCOLL_CUDA_ARCHS
   d["cuda_archs"] = GPUCOLL_CUDA_ARCHS;
 #else
@@ -70,6 +80,7 @@ py::dict cuda_probe_dict() {
   }
   py::dict d;
   d["driver_available"] = probe.driver_available;
+  d["emulated"] = probe.emulated;
   d["driver_path"] = probe.driver_path;
   d["driver_version"] = probe.driver_version;
   d["driver_version_string"] = cuda_version_string(probe.driver_version);
@@ -124,7 +135,36 @@ py::dict nccl_dict(const NcclLibrary& lib) {
 }  // namespace
 
 void bind_runtime(py::module_& m) {
-  m.def("build_info", &build_info, "How this gpucoll._C was built: version, cuda_built, cuda_archs, compiler.");
+#ifdef GPUCOLL_CUDA_EMULATION
+  // Before any CUDA call of this process (the first one fixes the emulated device's shape).
+  emulation::configure_from_registry();
+  m.def("emulator_config", []() {
+    gpucoll_emu_config c;
+    gpucoll_emu_get_config(&c);
+    py::dict d;
+    d["devices"] = c.devices;
+    d["sms"] = c.sms;
+    d["blocks_per_sm"] = c.blocks_per_sm;
+    d["compute_capability"] = std::to_string(c.cc_major) + "." + std::to_string(c.cc_minor);
+    d["p2p"] = c.p2p != 0;
+    d["memory"] = c.memory;
+    d["name"] = gpucoll_emu_device_name();
+    return d;
+  }, "The emulated CUDA device's shape (GPUCOLL_CUDA=emulate builds).");
+  m.def("emulator_counts", []() {
+    gpucoll_emu_counts c;
+    gpucoll_emu_get_counts(&c);
+    py::dict d;
+    d["streams"] = c.streams;
+    d["events"] = c.events;
+    d["allocations"] = c.allocations;
+    d["ipc_mappings"] = c.ipc_mappings;
+    d["graphs"] = c.graphs;
+    d["graph_execs"] = c.graph_execs;
+    return d;
+  }, "What the emulated CUDA runtime holds right now (tests of teardown).");
+#endif
+  m.def("build_info", &build_info, "How this gpucoll._C was built: version, cuda_built, cuda_emulated, cuda_archs, compiler.");
   m.def("cuda_probe", &cuda_probe_dict,
         "CUDA driver and runtime state: versions, device_count, reason (why 0), devices. Never raises.");
   m.def(

@@ -205,7 +205,9 @@ Candidate custom(const Ctx& x, const std::string& name) {
       if (p != g[0]) min_pair = std::min(min_pair, pair_bandwidth(x.t, g[0], p));
     }
     const double ingress = cls == LinkClass::kNVL ? gpu_nvlink_bw(x.t, g[0], g) : pcie_bw(x.t.gpus[g[0]]);
-    bw = std::min(ingress, x.t.link(g[0], g[1]).nvswitch ? ingress : min_pair * (P - 1));
+    // One GPU in the node (a one-GPU machine; ranks sharing it): no pair link, the copy is bound by the GPU alone.
+    // (g[1] was read regardless: found when the emulated device made detection return one GPU.)
+    bw = g.size() < 2 ? ingress : std::min(ingress, x.t.link(g[0], g[1]).nvswitch ? ingress : min_pair * (P - 1));
   }
   c.link_class = link_class_name(cls);
   c.steps = k.steps;

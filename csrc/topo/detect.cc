@@ -301,7 +301,11 @@ Topology detect_local() {
       g.cc_minor = d.minor;
       t.gpus.push_back(g);
     }
-    if (!t.gpus.empty()) t.notes.push_back("GPUs from the CUDA driver; NVLink unknown without NVML");
+    if (!t.gpus.empty()) {
+      t.notes.push_back(cuda.emulated ? "GPUs of gpucoll's emulated CUDA device (not GPUs): links modelled as one PCIe "
+                                        "switch, P2P as the emulator says"
+                                      : "GPUs from the CUDA driver; NVLink unknown without NVML");
+    }
   }
   if (cuda.devices.empty()) t.notes.push_back("CUDA: " + cuda.reason);
 
@@ -334,6 +338,10 @@ Topology detect_local() {
         } else {
           l.cls = classify_paths(chains[a], chains[b], t.gpus[a].numa_node, t.gpus[b].numa_node);
         }
+      } else if (cuda.emulated) {
+        // gpucoll's emulated devices have no PCI path (their bus ids are made up): model them as GPUs behind one
+        // PCIe switch, P2P-capable as far as the path goes; the driver cross-check below applies GPUCOLL_EMU_P2P.
+        l.cls = LinkClass::kPIX;
       } else {
         l.cls = classify_paths(chains[a], chains[b], t.gpus[a].numa_node, t.gpus[b].numa_node);
       }
@@ -354,7 +362,7 @@ Topology detect_local() {
   // Cross-check P2P with the driver, matching CUDA devices to ours by bus id (CUDA_VISIBLE_DEVICES may hide
   // or reorder them).
   if (n > 1) {
-    void* h = cuda.driver_available ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : nullptr;
+    void* h = cuda.driver_available ? dlopen(cuda_driver_library(), RTLD_NOW | RTLD_NOLOAD) : nullptr;
     auto can = h ? reinterpret_cast<PFN_cuDeviceCanAccessPeer>(dlsym(h, "cuDeviceCanAccessPeer")) : nullptr;
     if (can == nullptr) {
       t.notes.push_back("P2P not cross-checked with cuDeviceCanAccessPeer: " +

@@ -7,7 +7,8 @@ uses after init_data, runs the collective on views of the twin, and downloads th
 wrong elements, so every backend is checked by the same code on the same inputs, bit for bit.
 
 CUDA memory comes from torch when it can use the GPU (its caching allocator owns the memory budget of a torch
-program), else from CuPy. Times are CUDA events recorded on the stream the collective runs on: the caller's
+program), else from CuPy, else from gpucoll itself (gpucoll.testing.DeviceArray; on gpucoll's emulated CUDA device
+this is the only one). Times are CUDA events recorded on the stream the collective runs on: the caller's
 current stream (where gpucoll's nccl backend orders its work), or the stream a virtual rank was given.
 """
 
@@ -98,7 +99,25 @@ class _WallTimer:
         return time.perf_counter() - self._t0
 
 
-class CudaMem(HostMem):
+class _DeviceMem(HostMem):
+    """What the CUDA memories share: the harness's bookkeeping reduced through a device copy."""
+
+    def _typed(self, dev, name: str):
+        raise NotImplementedError
+
+    def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
+        """As HostMem's, through a CUDA copy of `arr`: gpucoll's GPU backends refuse host arrays."""
+        if hasattr(comm, "host_all_reduce"):
+            super().reduce_small(comm, arr, op)
+            return
+        raw = arr.view(np.uint8).reshape(-1)
+        dev = self.twin(raw)
+        self.upload(raw, dev, 0, raw.size)
+        comm.all_reduce(self._typed(dev, arr.dtype.name), op=op)
+        self.download(dev, raw, 0, raw.size)
+
+
+class CudaMem(_DeviceMem):
     """CUDA buffers on `device` from torch (preferred) or CuPy, timed with CUDA events on `stream` (None: the
     current stream of the framework, the one gpucoll's nccl backend runs on; "device": unknown streams, so a
     device-wide synchronize around a host timer)."""
@@ -209,20 +228,10 @@ class CudaMem(HostMem):
         else:
             self._cupy.cuda.Device(self.device).synchronize()
 
-    def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
-        """As HostMem's, through a CUDA copy of `arr`: gpucoll's GPU backends refuse host arrays."""
-        if hasattr(comm, "host_all_reduce"):
-            super().reduce_small(comm, arr, op)
-            return
-        raw = arr.view(np.uint8).reshape(-1)
-        dev = self.twin(raw)
-        self.upload(raw, dev, 0, raw.size)
+    def _typed(self, dev, name: str):
         if self.lib == "torch":
-            typed = dev.view(getattr(self._torch, arr.dtype.name))  # int64, float64, uint8: same names
-        else:
-            typed = dev.view(arr.dtype)
-        comm.all_reduce(typed, op=op)
-        self.download(dev, raw, 0, raw.size)
+            return dev.view(getattr(self._torch, name))  # int64, float64, uint8: same names
+        return dev.view(name)
 
     def timer(self):
         # "device": the collective runs on streams this process does not know (virtual ranks without
@@ -274,8 +283,96 @@ class _EventTimer:
         return self._mem._cupy.cuda.get_elapsed_time(self._start, self._end) / 1e3
 
 
+class GpucollMem(_DeviceMem):
+    """CUDA buffers gpucoll allocates itself (gpucoll.testing.DeviceArray), where neither torch nor CuPy can: on
+    gpucoll's emulated CUDA device (a GPUCOLL_CUDA=emulate build), or on a GPU machine with neither installed.
+    Uploads, downloads and copies are queued on the run's stream (a virtual rank's, else the legacy stream, where
+    gpucoll orders operations on these buffers); times are CUDA events on that stream."""
+
+    kind = "cuda"
+
+    def __init__(self, device: int, stream=None):
+        from gpucoll import _C
+
+        self._C = _C
+        self.device = int(device)
+        devices = _C.cuda_probe().get("devices") or []
+        name = devices[self.device]["name"] if self.device < len(devices) else ""
+        self.label = f"cuda:{self.device} {name}".rstrip()
+        self.emulated = bool(_C.build_info().get("cuda_emulated"))
+        self._stream = stream
+
+    def _handle(self) -> int:
+        return int(self._stream) if isinstance(self._stream, int) else 0
+
+    def twin(self, host: np.ndarray):
+        from gpucoll.testing import DeviceArray
+
+        dev = DeviceArray(host.size, "uint8", self.device)
+        dev.fill_bytes(0)  # complete on return: ordered before any stream's later upload
+        return dev
+
+    def view(self, raw, first: int, nbytes: int, dt):
+        return raw[first:first + nbytes].view(_TORCH_NAMES[dt.name])
+
+    def upload(self, host, dev, first: int, stop: int) -> None:
+        if stop <= first:
+            return
+        self._C.cuda_copy(dev.ptr + first, host.ctypes.data + first, stop - first, self.device, self._handle())
+        self.synchronize()
+
+    def download(self, dev, host, first: int, stop: int) -> None:
+        if stop <= first:
+            return
+        self.synchronize()
+        self._C.cuda_copy(host.ctypes.data + first, dev.ptr + first, stop - first, self.device, self._handle())
+        self.synchronize()
+
+    def copy(self, dst, src) -> None:
+        self._C.cuda_copy(dst.ptr, src.ptr, dst.nbytes, self.device, self._handle())
+
+    def synchronize(self) -> None:
+        if self._stream == "device":
+            self._C.cuda_device_synchronize(self.device)
+        else:
+            self._C.cuda_stream_synchronize(self._handle(), self.device)
+
+    def _typed(self, dev, name: str):
+        return dev.view(name)
+
+    def timer(self):
+        return _WallTimer(self.synchronize) if self._stream == "device" else _GpucollEventTimer(self)
+
+    def capture(self, fn):
+        if not self._handle():
+            raise NotImplementedError("gpucoll's own buffers on the legacy stream cannot be captured into a graph")
+        graph = self._C.MultiStreamGraph(self.device, [self._handle()])
+        graph.begin()
+        try:
+            fn()
+        finally:
+            graph.end()
+        return lambda: graph.replay(1)
+
+
+class _GpucollEventTimer:
+    def __init__(self, mem: GpucollMem):
+        self._mem = mem
+        self._start = mem._C.CudaEvent(mem.device, True)
+        self._end = mem._C.CudaEvent(mem.device, True)
+
+    def start(self) -> None:
+        self._start.record(self._mem._handle())
+
+    def stop(self) -> float:
+        self._end.record(self._mem._handle())
+        self._end.synchronize()
+        return self._end.elapsed_ms(self._start) / 1e3
+
+
 def cuda_lib() -> str | None:
-    """Which framework allocates CUDA buffers here: "torch" (with a usable GPU), "cupy", or None."""
+    """Which library allocates CUDA buffers here: "torch" (with a usable GPU), "cupy", "gpucoll" (its own
+    DeviceArray: a CUDA build of gpucoll with a usable device, the emulated one included), or None."""
     try:
         import torch
 
@@ -290,6 +387,12 @@ def cuda_lib() -> str | None:
             return "cupy"
     except ImportError:
         pass
+    try:
+        from gpucoll import _C
+    except ImportError:
+        return None
+    if _C.build_info().get("cuda_built") and _C.cuda_probe().get("device_count"):
+        return "gpucoll"
     return None
 
 
@@ -298,5 +401,7 @@ def for_comm(comm, staged: bool = False):
     device and stream), else host (staged: with a separate twin, for tests)."""
     if comm.backend in ("nccl", "custom") and str(getattr(comm, "device", "cpu")).startswith("cuda"):
         device = int(str(comm.device).split(":", 1)[1])
-        return CudaMem(device, stream=getattr(comm, "bench_stream", None))
+        stream = getattr(comm, "bench_stream", None)
+        lib = cuda_lib()
+        return GpucollMem(device, stream) if lib == "gpucoll" else CudaMem(device, stream=stream, lib=lib)
     return StagedHostMem() if staged else HostMem()

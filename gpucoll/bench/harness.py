@@ -341,6 +341,9 @@ class _Rank:
         self.out.lines(report.preamble_lines(p.program, _version(), p, self.n, p.backend_label or self.comm.backend,
                                              p.algos, ranks))
         self.out.lines([f"# {note}\n" for note in p.notes])
+        if getattr(self.mem, "emulated", False):
+            self.out.write("# Device: gpucoll's emulated CUDA device (a CPU emulation, not a GPU): every row is "
+                           "checked, but these timings are not GPU timings\n")
         started = time.time()
         if p.progress and self.rank == 0:
             self._rows_total = len(p.algos) * len(p.dtypes) * len(p.ops if self.coll.reduces else ["sum"]) \

@@ -1,4 +1,6 @@
-"""gpucoll-bench on a real GPU (every test is @pytest.mark.gpu: skipped with the reason where none is usable).
+"""gpucoll-bench on a CUDA device (every test is @pytest.mark.gpu: skipped with the reason where none is usable).
+On gpucoll's emulated device (a GPUCOLL_CUDA=emulate build) the --backend custom runs and --check run, with buffers
+from gpucoll itself (devmem.GpucollMem); what needs NCCL skips with the reason until the NCCL stand-in exists.
 
 --backend nccl at world size 1 (every collective, checked) and 2 ranks (two GPUs, or one GPU shared through NCCL's
 multi-rank mode where the loaded NCCL allows it), -G (CUDA graph launches), -z, --compare torch, --backend custom
@@ -13,9 +15,21 @@ import os
 import subprocess
 import sys
 
+import gpu_arrays
 import pytest
 
 pytestmark = pytest.mark.gpu
+
+
+def _nccl_problem():
+    try:
+        return gpu_arrays.nccl_problem()
+    except ImportError as e:  # no gpucoll._C: the gpu marker skips everything anyway
+        return str(e)
+
+
+NCCL_WHY = _nccl_problem()
+needs_nccl = pytest.mark.skipif(NCCL_WHY is not None, reason=f"needs NCCL: {NCCL_WHY}")
 
 SMALL = ["-b", "8", "-e", "1M", "-f", "16", "-n", "5", "-w", "2", "-c", "1"]
 NSIZES = 5  # 8, 128, 2K, 32K, 512K
@@ -63,6 +77,7 @@ def custom_reason() -> str | None:
     return virtual.problem("all_reduce")
 
 
+@needs_nccl
 @pytest.mark.parametrize("coll", COLLS)
 def test_nccl_world_size_1(coll):
     res = bench(coll, "--backend", "nccl", *SMALL, "-d", "float,bfloat16,int8")
@@ -73,6 +88,7 @@ def test_nccl_world_size_1(coll):
     assert all(float(r[5]) > 0 and r[8] == "0" for r in got if r[1] != "0")
 
 
+@needs_nccl
 def test_nccl_two_ranks(tmp_path):
     why = two_ranks_reason()
     if why:
@@ -85,12 +101,14 @@ def test_nccl_two_ranks(tmp_path):
     assert doc["environment"]["nranks"] == 2 and {r["backend"] for r in doc["results"]} == {"nccl"}
 
 
+@needs_nccl
 def test_cuda_graph_mode():
     res = bench("all_reduce", "--backend", "nccl", *SMALL, "-G", "10")
     got = assert_clean(res, nrows=NSIZES)
     assert "graph: 10" in res.stdout and all(r[8] == "0" and r[12] == "0" for r in got)
 
 
+@needs_nccl
 @pytest.mark.parametrize("coll", ["broadcast", "all_gather", "reduce_scatter"])
 def test_cuda_graph_mode_two_ranks(coll):
     """Captured NCCL calls of several ranks (broadcast out of place captures its copy too), checked through a graph."""
@@ -101,6 +119,7 @@ def test_cuda_graph_mode_two_ranks(coll):
     assert all(r[8] == "0" for r in got if r[1] != "0")
 
 
+@needs_nccl
 def test_cupy_buffers_graph_and_bfloat16_refusal():
     """The CuPy side of devmem (its events, stream capture and copies), as on a machine without a CUDA torch."""
     pytest.importorskip("cupy")
@@ -111,6 +130,7 @@ def test_cupy_buffers_graph_and_bfloat16_refusal():
     assert res.returncode == 2 and "CuPy has no bfloat16" in res.stderr
 
 
+@needs_nccl
 def test_wrong_results_fail_the_run():
     """The check is live on the CUDA path: one corrupted element makes #wrong > 0 and exit status 1."""
     res = bench("all_reduce", "--backend", "nccl", *SMALL, "--inject-error")
@@ -118,10 +138,12 @@ def test_wrong_results_fail_the_run():
     assert any(r[8] not in ("0", "N/A") for r in table_rows(res.stdout))
 
 
+@needs_nccl
 def test_blocking_mode():
     assert_clean(bench("all_gather", "--backend", "nccl", *SMALL, "-z", "1"), nrows=NSIZES)
 
 
+@needs_nccl
 def test_compare_torch_nccl():
     pytest.importorskip("torch")
     res = bench("all_reduce", "--backend", "nccl", *SMALL, "--compare", "torch")
@@ -132,7 +154,8 @@ def test_compare_torch_nccl():
 def test_backend_sweep_auto_and_host():
     res = bench("all_reduce", "--backend", "auto,host", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2")
     assert_clean(res, nrows=4)
-    assert "backend: auto(nccl)" in res.stdout and "backend: host" in res.stdout
+    auto = "host" if NCCL_WHY else "nccl"  # auto means NCCL on a GPU; the host backend where NCCL cannot run
+    assert f"backend: auto({auto})" in res.stdout and "backend: host" in res.stdout
 
 
 def test_custom_every_algorithm_two_virtual_ranks():
@@ -143,6 +166,8 @@ def test_custom_every_algorithm_two_virtual_ranks():
                 "-d", "float,half,bfloat16")
     got = assert_clean(res, nrows=4 * 3 * NSIZES)
     assert res.stdout.count("# Algorithm: ") == 4 and all(r[8] == "0" and r[12] == "0" for r in got)
+    # The header says when the device is gpucoll's emulation, whose timings are not GPU timings.
+    assert ("these timings are not GPU timings" in res.stdout) == gpu_arrays.emulated()
 
 
 def test_custom_all_datatypes_and_ops_skip_what_has_no_kernel():
@@ -157,6 +182,7 @@ def test_custom_all_datatypes_and_ops_skip_what_has_no_kernel():
     assert res.returncode == 1
 
 
+@needs_nccl
 def test_custom_compare_nccl():
     why = custom_reason() or two_ranks_reason()
     if why:
@@ -169,7 +195,8 @@ def test_custom_compare_nccl():
 def test_check_on_the_gpu(tmp_path):
     res = bench("--check", "--json", str(tmp_path / "c.json"), timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "check nccl" in res.stdout and "check: OK" in res.stdout
+    assert "check: OK" in res.stdout
+    assert ("check nccl" in res.stdout) == (NCCL_WHY is None)  # NCCL is checked where it can run
     assert "FAIL" not in res.stdout
     if custom_reason() is None:  # virtual ranks run all_reduce and skip the rest, never fail the backend
         assert "check custom all_reduce      OK" in res.stdout and "check custom broadcast       SKIP" in res.stdout

@@ -142,7 +142,9 @@ def test_what_the_backend_tells_the_selector():
 
 
 def test_auto_never_takes_custom_without_a_gpu():
-    assert not _C.cuda_probe().get("device_count") and not _custom_backend.takes_auto(2)
+    if _C.cuda_probe().get("device_count"):
+        pytest.skip("checks a machine without a CUDA device (this one has one, emulated or real)")
+    assert not _custom_backend.takes_auto(2)
 
 
 def test_nccl_backend_refuses_our_algorithms():

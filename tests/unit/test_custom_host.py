@@ -283,11 +283,15 @@ class _TimedOutNative:
     def timed_out(self):
         return 2  # barrier 1 gave up
 
+    def late_ranks(self):
+        return [1]  # waiting for rank 1's flag
+
 
 def test_timed_out_custom_backend_refuses_later_calls():
     backend = _custom_backend.CustomBackend(_TimedOutNative(), rank=0, world_size=2, device=0, store=None, prefix="",
                                             timeout=1.0, hosts=["h", "h"], p2p=[1, 1, 1, 1], nccl=None, nccl_why="")
-    with pytest.raises(gpucoll.errors.CollectiveTimeout, match="waited longer than 1 s"):
+    with pytest.raises(gpucoll.errors.CollectiveTimeout, match=r"waited longer than 1 s for rank\(s\) \[1\]") as e:
         backend.check_timeout()
+    assert e.value.ranks == (1,)
     with pytest.raises(gpucoll.errors.InvalidUsage, match="timed out waiting for a peer; the communicator is unusable"):
         backend.collective(0, None, None, 10, None, 0)

@@ -1,18 +1,19 @@
-"""A host simulation of the custom allreduce kernels (csrc/kernels/{one_shot,two_shot,ring,tree}.cu): the slice
-arithmetic of peer_ops.cuh and the flag protocol of peer_sync.cuh, run on the CPU with every (rank, block) as an
-interleaved process.
+"""A host simulation of the custom allreduce kernels' flag protocol (csrc/kernels/{one_shot,two_shot,ring,tree}.cu,
+peer_sync.cuh), run on the CPU with every (rank, block) as an interleaved process, for the CPU-only suite.
 
-What it checks, and what it cannot: the kernels' *logic* - which block touches which elements, which barrier orders
-which read after which write, what a rank one call ahead may overwrite (staging halves by call parity, registered
-inputs, in-place outputs), whether grids that change size from call to call deadlock or read stale data - under
-many random interleavings with sequentially consistent memory. The hardware memory model (st.release.sys /
-ld.acquire.sys, bar.sync cumulativity) is argued in peer_sync.cuh's comments, not simulated. The Python here mirrors
-the device code line for line (chunk_begin, block_slice, the barrier, the kernels' phases); ring and tree run the
-real schedules of csrc/algo through _C.schedule_ops, grouped the way schedule_exec.cuh groups them.
+What it checks: the kernels' *logic* - which barrier orders which read after which write, what a rank one call
+ahead may overwrite (staging halves by call parity, registered inputs, in-place outputs), whether grids that change
+size from call to call deadlock or read stale data - under many random interleavings with sequentially consistent
+memory. Which block touches which elements is not a Python copy: it comes from the kernels' own slice arithmetic
+(backends/custom/slices.h, bound as _C.custom_slice), and ring and tree run the real schedules of csrc/algo through
+_C.schedule_ops, grouped the way schedule_exec.cuh groups them. The kernels themselves, with their real memory
+ordering, run on gpucoll's emulated CUDA device (tests/gpu/test_custom_gpu.py, tests/emulation/: bit-exact results,
+ThreadSanitizer, seeded bugs).
 
-Values: rank q contributes 1 << q, so a reduced element equals 2^P - 1 exactly when every rank contributed once.
-Every peer read also checks the generation (call number) of what it reads: data of an earlier call, or of a later
-call that overwrote it too early, fails with the rank, block, call and element.
+Values: element e of rank q is (q + 1) * 1000 + e, distinct per element and rank, so a reduced element equals its
+expected sum only if every rank contributed exactly its own element e (a shifted or rotated read changes it). Every
+peer read also checks the generation (call number) of what it reads: data of an earlier call, or of a later call
+that overwrote it too early, fails with the rank, block, call and element.
 """
 
 from __future__ import annotations
@@ -27,29 +28,15 @@ ALL_REDUCE = 0
 STRIDE = 64  # kBarrierStride
 
 
-# -- the arithmetic of peer_ops.cuh / algo/schedule.h ----------------------------------------------------------------
-
-def chunk_begin(count: int, nchunks: int, c: int) -> int:
-    return count // nchunks * c + min(c, count % nchunks)
-
-
-def chunk_range(count: int, nchunks: int, c: int) -> tuple:
-    b = chunk_begin(count, nchunks, c)
-    return b, chunk_begin(count, nchunks, c + 1) - b
-
-
-def block_slice(chunk: tuple, nblocks: int, b: int, elems: int) -> tuple:
-    """block_slice<T>: block b's balanced share of the chunk in whole packs of `elems` elements."""
-    begin, count = chunk
-    units = (count + elems - 1) // elems
-    lo = min(chunk_begin(units, nblocks, b) * elems, count)
-    hi = min(chunk_begin(units, nblocks, b + 1) * elems, count)
-    return begin + lo, hi - lo
-
+# -- the kernels' slice arithmetic (backends/custom/slices.h, through the binding) -------------------------------
 
 def slice_elems(count: int, nchunks: int, c: int, nblocks: int, b: int, elems: int) -> range:
-    begin, n = block_slice(chunk_range(count, nchunks, c), nblocks, b, elems)
+    begin, n = _C.custom_slice(count, nchunks, c, nblocks, b, elems)
     return range(begin, begin + n)
+
+
+def value(rank: int, e: int) -> int:
+    return (rank + 1) * 1000 + e
 
 
 @pytest.mark.parametrize("elems", (1, 2, 4, 8))  # 16-byte packs of f64/i64, f32/i32, f16/bf16 (and scalar)
@@ -59,10 +46,10 @@ def test_slices_partition_every_chunk(nchunks, elems):
         for nblocks in (1, 2, 3, 7, 64):
             seen = []
             for c in range(nchunks):
-                cb, cn = chunk_range(count, nchunks, c)
+                cb, cn = _C.custom_slice(count, nchunks, c, 1, 0, 1)  # one block of unit packs: the whole chunk
                 mine = []
                 for b in range(nblocks):
-                    begin, n = block_slice((cb, cn), nblocks, b, elems)
+                    begin, n = _C.custom_slice(count, nchunks, c, nblocks, b, elems)
                     assert n >= 0 and cb <= begin and begin + n <= cb + cn
                     # Slices start on a pack boundary relative to the chunk: pointers that agree on the chunk's
                     # alignment agree on every slice's, so pack_split finds the same head on every source.
@@ -76,7 +63,7 @@ def test_slices_partition_every_chunk(nchunks, elems):
 def test_chunks_are_balanced_and_cover_small_counts():
     for P in (2, 3, 4, 8):
         for count in range(3 * P):
-            sizes = [chunk_range(count, P, c)[1] for c in range(P)]
+            sizes = [_C.custom_slice(count, P, c, 1, 0, 1)[1] for c in range(P)]
             assert sum(sizes) == count and max(sizes) - min(sizes) <= 1
 
 
@@ -223,15 +210,15 @@ def simulate(P, algo, grids, seed, count=13, elems=2, **kw) -> Machine:
         n = nxt[r]
         nxt[r] += 1
         for e in range(count):
-            m.inp[r][e] = (n, 1 << r)
+            m.inp[r][e] = (n, value(r, e))
         for b in range(grids[n]):
             live[(r, b)] = m.block(r, b, grids[n], n)
 
     def check_call(r, n):
-        want = (1 << P) - 1
         for e in range(count):
-            gen, value = m.out[r][e]
-            assert (gen, value) == (n, want), f"{algo} P={P}: rank {r} call {n} elem {e}: {(gen, value)}"
+            want = sum(value(q, e) for q in range(P))
+            gen, got = m.out[r][e]
+            assert (gen, got) == (n, want), f"{algo} P={P}: rank {r} call {n} elem {e}: {(gen, got)}, want {want}"
 
     for r in range(P):
         start(r)
@@ -313,3 +300,19 @@ def test_32_bit_epochs_would_have_let_a_stale_row_through():
 
     assert signed32(stale - value) >= 0  # the old wait would have passed
     assert stale < value  # the 64-bit wait does not
+
+
+def test_a_shifted_read_is_caught():
+    # With one value per rank (the old 1 << q) every element of a rank looked alike, so reading a peer's element
+    # e + 1 instead of e passed; with a distinct value per element it cannot.
+    class Shifted(Machine):
+        def src(self, q, h, e, n, who):
+            return super().src(q, h, min(e + 1, self.count - 1), n, who)
+
+    original = globals()["Machine"]
+    globals()["Machine"] = Shifted
+    try:
+        with pytest.raises(AssertionError, match="want"):
+            simulate(3, "oneshot", [1, 2], seed=0, count=13)
+    finally:
+        globals()["Machine"] = original

@@ -143,6 +143,18 @@ def test_tuning_file_overrides(tmp_path):
     assert r.returncode == 0 and "tuned nccl:ring@NVL" in r.stdout, r.stderr
 
 
+def test_one_gpu_node_prices_every_candidate():
+    # A one-GPU machine (ranks sharing it): the custom kernels' pair bandwidth used to read the node's second GPU,
+    # which does not exist (an out-of-bounds read that made every selection raise "GPU index out of range").
+    one = T.from_nvidia_smi("        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
+                                   "GPU0     X      0-31            0               N/A\n")
+    assert one.num_gpus == 1
+    for size in (1 << 10, 1 << 20, 1 << 30):
+        cands = T.candidates(one, "all_reduce", size, "float32")
+        assert any(c["backend"] == "custom" and c["algorithm"] == "oneshot" and c["usable"] for c in cands)
+        assert T.select(one, "all_reduce", size, "float32")["usable"]
+
+
 def test_topo_cli(capsys):
     from gpucoll import topo_cli
 

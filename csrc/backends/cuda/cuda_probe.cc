@@ -52,13 +52,17 @@ struct Driver {
 
 CudaProbe probe() {
   CudaProbe out;
+#ifdef GPUCOLL_CUDA_EMULATION
+  out.emulated = true;
+#endif
   dlerror();
   // Kept open for the life of the process: the CUDA runtime opens the same library, and unloading the
   // driver after cuInit is not supported.
-  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(cuda_driver_library(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* e = dlerror();
-    out.reason = std::string("no CUDA driver: libcuda.so.1 not found (") + (e != nullptr ? e : "dlopen failed") + ")";
+    out.reason = std::string("no CUDA driver: ") + cuda_driver_library() + " not found (" +
+                 (e != nullptr ? e : "dlopen failed") + ")";
     return out;
   }
   struct link_map* map = nullptr;
@@ -85,7 +89,7 @@ CudaProbe probe() {
     if (get_version(&v) == kCudaSuccess) out.driver_version = v;
   }
   if (init == nullptr || get_count == nullptr) {
-    out.reason = "libcuda.so.1 at " + out.driver_path + " lacks cuInit/cuDeviceGetCount";
+    out.reason = std::string(cuda_driver_library()) + " at " + out.driver_path + " lacks cuInit/cuDeviceGetCount";
     return out;
   }
   const CUresult ri = init(0);
@@ -133,6 +137,14 @@ CudaProbe probe() {
 }
 
 }  // namespace
+
+const char* cuda_driver_library() {
+#ifdef GPUCOLL_CUDA_EMULATION
+  return "libgpucoll_cudaemu.so";
+#else
+  return "libcuda.so.1";
+#endif
+}
 
 std::string cuda_version_string(int version) {
   if (version <= 0) return "";

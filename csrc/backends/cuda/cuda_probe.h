@@ -19,6 +19,8 @@ struct CudaDeviceInfo {
 
 struct CudaProbe {
   bool driver_available = false;  // libcuda.so.1 was loaded and cuInit succeeded
+  // The "driver" is gpucoll's emulated CUDA device (a GPUCOLL_CUDA=emulate build): devices are CPU emulations.
+  bool emulated = false;
   std::string driver_path;        // where libcuda.so.1 was found
   int driver_version = 0;         // cuDriverGetVersion, e.g. 13000 (readable even when cuInit fails)
   int device_count = 0;
@@ -33,6 +35,10 @@ struct CudaProbe {
 // cannot use CUDA in its children, so launchers that fork ranks should probe in a child (or in the ranks),
 // not in the parent.
 CudaProbe cuda_probe() noexcept;
+
+// The library that plays the CUDA driver: libcuda.so.1, or in a GPUCOLL_CUDA=emulate build the emulator
+// (libgpucoll_cudaemu.so, already loaded as gpucoll._C's dependency), which offers the same entry points.
+const char* cuda_driver_library();
 
 // "13.0" from 13000.
 std::string cuda_version_string(int version);

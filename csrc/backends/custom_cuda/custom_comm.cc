@@ -310,6 +310,18 @@ uint32_t CustomComm::timed_out() const {
   return v;
 }
 
+std::vector<int> CustomComm::late_ranks() const {
+  std::vector<int> out;
+  if (mem_ == nullptr) return out;
+  DeviceGuard guard(device_);
+  uint32_t mask = 0;
+  GPUCOLL_CUDA_CHECK(cudaMemcpy(&mask, &mem_->signals()->late_ranks, sizeof(mask), cudaMemcpyDeviceToHost));
+  for (int q = 0; q < nranks_; ++q) {
+    if ((mask >> q) & 1u) out.push_back(q);
+  }
+  return out;
+}
+
 void CustomComm::synchronize() const {
   DeviceGuard guard(device_);
   GPUCOLL_CUDA_CHECK(cudaDeviceSynchronize());

@@ -85,6 +85,8 @@ class CustomComm {
 
   // Non-zero once a barrier wait timed out (reads the signal area; synchronises the device).
   uint32_t timed_out() const;
+  // The ranks some wait of this rank gave up on (whose flags never came), in rank order.
+  std::vector<int> late_ranks() const;
   // Waits for all work of this device (teardown: before any rank frees memory its peers read).
   void synchronize() const;
   // Frees everything; never throws. Peers must have synchronised first.

@@ -66,11 +66,7 @@ RankMemory::RankMemory(int rank, int device, size_t half_bytes) : device_(device
 RankMemory::~RankMemory() { release(); }
 
 void RankMemory::release() noexcept {
-  if (base_ == nullptr) return;
-  int previous = -1;
-  if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
-  if (cudaFree(base_) != cudaSuccess) cudaGetLastError();
-  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  free_on_device(base_, device_);
   base_ = nullptr;
 }
 

@@ -16,9 +16,9 @@ Stream::~Stream() {
 
 void Stream::synchronize() const { GPUCOLL_CUDA_CHECK(cudaStreamSynchronize(s_)); }
 
-Event::Event(int device) : device_(device) {
+Event::Event(int device, bool timing) : device_(device) {
   DeviceGuard guard(device);
-  GPUCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+  GPUCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
 }
 
 Event::~Event() {
@@ -43,6 +43,12 @@ bool Event::query() const {
 void Event::synchronize() const { GPUCOLL_CUDA_CHECK(cudaEventSynchronize(e_)); }
 
 void Event::wait_on(cudaStream_t stream) const { GPUCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, e_, 0)); }
+
+float Event::elapsed_ms(const Event& start) const {
+  float ms = 0;
+  GPUCOLL_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+  return ms;
+}
 
 MultiStreamGraph::MultiStreamGraph(int device, std::vector<cudaStream_t> streams)
     : device_(device), streams_(std::move(streams)) {

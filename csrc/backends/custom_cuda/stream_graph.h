@@ -25,7 +25,8 @@ class Stream {
 
 class Event {
  public:
-  explicit Event(int device);
+  // timing: cudaEventDefault (for elapsed_ms), else cudaEventDisableTiming (cheaper: the common case).
+  explicit Event(int device, bool timing = false);
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
@@ -33,6 +34,8 @@ class Event {
   bool query() const;  // true once the recorded work finished
   void synchronize() const;
   void wait_on(cudaStream_t stream) const;  // `stream` waits for the recorded work
+  // Milliseconds from `start`'s completion to this event's (both timing events, both complete).
+  float elapsed_ms(const Event& start) const;
 
  private:
   cudaEvent_t e_ = nullptr;

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/cuda/cuda_probe.h"
 #include "core/error.h"
 
 namespace gpucoll::cuda {
@@ -27,7 +28,7 @@ using PFN_cuDevicePrimaryCtxGetState = int (*)(int, unsigned int*, int*);
 PFN_cuDevicePrimaryCtxGetState primary_ctx_state_fn() {
   // RTLD_NOLOAD: the driver the CUDA runtime already opened; nothing to open when there is none.
   static const PFN_cuDevicePrimaryCtxGetState fn = []() -> PFN_cuDevicePrimaryCtxGetState {
-    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    void* handle = dlopen(cuda_driver_library(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (handle == nullptr) return nullptr;
     return reinterpret_cast<PFN_cuDevicePrimaryCtxGetState>(dlsym(handle, "cuDevicePrimaryCtxGetState"));
   }();
@@ -58,6 +59,14 @@ DeviceGuard::DeviceGuard(int device) {
 DeviceGuard::~DeviceGuard() {
   // Restoring cannot reasonably fail (the device was current a moment ago); a destructor must not throw.
   if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+}
+
+void free_on_device(void* ptr, int device) noexcept {
+  if (ptr == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device) cudaSetDevice(device);
+  if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
 }
 
 namespace {

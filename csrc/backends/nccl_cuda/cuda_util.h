@@ -44,6 +44,10 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// cudaFree(ptr) with `device` current, the previous device restored; errors cleared and dropped (teardown paths
+// never throw). A null ptr does nothing.
+void free_on_device(void* ptr, int device) noexcept;
+
 // Timing-free events, recycled: creating and destroying one per collective would cost about as much as
 // the NCCL launch itself. event_get needs `device` current; events are never destroyed (a few hundred bytes
 // of driver state each, and destroying them at exit races the runtime's own teardown).
