@@ -136,7 +136,10 @@ int main() {
 
 
 def _nccl_include() -> Path | None:
-    spec = importlib.util.find_spec("nvidia.nccl")
+    try:  # a fresh environment has no `nvidia` package: find_spec then raises instead of returning None
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except ImportError:
+        spec = None
     for d in (spec.submodule_search_locations or []) if spec is not None else []:
         if (Path(d) / "include" / "nccl.h").is_file():
             return Path(d) / "include"
