@@ -57,8 +57,9 @@ class CMakeExtension(Extension):
         self.sourcedir = str(Path(sourcedir).resolve())
 
 
-# The emulated CUDA runtime (GPUCOLL_CUDA=emulate): a shared library next to _C, which finds it through its RPATH.
-EMU_LIB = Path("_emu") / "libgpucoll_cudaemu.so"
+# The emulated CUDA runtime (GPUCOLL_CUDA=emulate): a shared library next to _C, which finds it through its RPATH, and
+# the NCCL stand-in that runs on it (found by the NCCL loader next to the runtime).
+EMU_LIBS = (Path("_emu") / "libgpucoll_cudaemu.so", Path("_emu") / "libnccl-emu.so")
 
 
 class CMakeBuild(build_ext):
@@ -68,7 +69,8 @@ class CMakeBuild(build_ext):
         pairs = []
         for ext in self.extensions:
             inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
-            pairs.append((Path(regular_file).parent / EMU_LIB, Path(inplace_file).parent / EMU_LIB))
+            for lib in EMU_LIBS:
+                pairs.append((Path(regular_file).parent / lib, Path(inplace_file).parent / lib))
         return pairs
 
     def copy_extensions_to_source(self):

@@ -16,7 +16,8 @@ gpucoll orders operations on it on the legacy default stream, and ``to_host`` (o
 results; work on other streams must be synchronised first, as with any CUDA memory.
 
 bfloat16 values go in and come out as float32 NumPy arrays holding bfloat16-representable values (NumPy has no
-bfloat16); ``to_host(raw=True)`` gives the raw bits of any dtype.
+bfloat16); ``to_host(raw=True)`` gives the raw bits of any dtype. The fp8 types (``float8_e4m3fn``, ``float8_e5m2``,
+DLPack only, as bfloat16) hold raw bits both ways: uint8 arrays in, uint8 arrays out (NumPy has no fp8 either).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ _DTYPES = {
     "uint8": (np.uint8, 1, 8),
     "int32": (np.int32, 0, 32),
     "int64": (np.int64, 0, 64),
+    "float8_e4m3fn": (np.uint8, 10, 8),  # DLPack's kDLFloat8_e4m3fn, kDLFloat8_e5m2
+    "float8_e5m2": (np.uint8, 12, 8),
 }
+_RAW_ONLY = ("float8_e4m3fn", "float8_e5m2")  # no NumPy type: raw bits in and out
 
 
 def _dtype_name(dtype) -> str:
@@ -138,6 +142,9 @@ class DeviceArray:
         a = np.asarray(array)
         if self.dtype == "bfloat16" and a.dtype != np.uint16:
             a = _bf16_bits(a)
+        if self.dtype in _RAW_ONLY and a.dtype != np.uint8:
+            raise InvalidArgument(f"{self.dtype} DeviceArrays take raw bits: a uint8 array (NumPy has no fp8 type); "
+                                  f"got {a.dtype}")
         a = np.ascontiguousarray(a, dtype=storage)
         if a.size != self.size:
             raise InvalidArgument(f"host array has {a.size} elements; this DeviceArray has {self.size}")
@@ -179,9 +186,9 @@ class DeviceArray:
     # -- exports -----------------------------------------------------------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> dict:
-        if self.dtype == "bfloat16":
-            # No type string says bfloat16 (it would be raw bytes, "|V2"): consumers must come through DLPack.
-            raise AttributeError("bfloat16 DeviceArrays export DLPack only")
+        if self.dtype == "bfloat16" or self.dtype in _RAW_ONLY:
+            # No type string says bfloat16 or fp8 (it would be raw bytes, "|V2"): consumers must come through DLPack.
+            raise AttributeError(f"{self.dtype} DeviceArrays export DLPack only")
         return {"shape": self.shape, "typestr": np.dtype(_DTYPES[self.dtype][0]).str, "data": (self.ptr, False),
                 "version": 3, "strides": None, "stream": None}
 

@@ -45,26 +45,11 @@ def problems(build=None, probe=None, nccl=None) -> list:
 
     probe = dict(_C.cuda_probe()) if probe is None else probe
     out = gpu_problems("the nccl backend", _C.NCCL_BACKEND_UNBUILT_REASON, build, probe)
-    why = emulated_nccl_problem(build)
-    if why:
-        out.append(why)
     nccl = _nccl.load() if nccl is None else nccl
     if not nccl.get("loaded"):
         out.append(f"NCCL is not available: {nccl.get('reason') or 'not loaded'}. Install it: "
                    f"{_nccl.install_hint(probe.get('driver_version'))}")
     return out
-
-
-def emulated_nccl_problem(build=None) -> str | None:
-    """Why NCCL cannot run on gpucoll's emulated CUDA device (a GPUCOLL_CUDA=emulate build), or None elsewhere: a
-    real libnccl needs a GPU, and the NCCL stand-in for the emulated device is not built yet."""
-    from gpucoll import _C
-
-    build = dict(_C.build_info()) if build is None else build
-    if not build.get("cuda_emulated"):
-        return None
-    return ("NCCL cannot run on gpucoll's emulated CUDA device: a real libnccl needs a GPU, and the NCCL stand-in "
-            "for the emulated device is not built yet")
 
 
 def gpu_problems(backend: str, unbuilt_reason: str, build=None, probe=None) -> list:
@@ -311,7 +296,10 @@ class NcclBackend:
         """What to raise for an error of a native call. The communicator's own recorded failure where the call was
         cut short by its abort; for NCCL's own timeout (an operation that never got onto the stream, e.g. a
         connection to a rank that never called it), the same CollectiveTimeout the watchdog raises, with the
-        ranks that had not reached operation `seq`."""
+        ranks that had not reached operation `seq`. An NCCL error the call itself found (an asynchronous error NCCL
+        reported while the call polled it, or one NCCL keeps on the communicator) aborted the communicator: it is
+        recorded as the communicator's failure, as the watchdog records the ones it finds, so that Works issued
+        before it and later calls raise it too instead of reporting an aborted operation as complete."""
         if isinstance(e, CollectiveTimeout):
             missing, note = self._missing_ranks(seq)
             if missing:
@@ -324,6 +312,9 @@ class NcclBackend:
             self._fail(err)
             return _copy_error(err)
         if isinstance(e, InvalidUsage) and self._error is not None:
+            return _copy_error(self._error)
+        if self._error is None and not self._comm.usable:
+            self._fail(e)
             return _copy_error(self._error)
         return e
 
@@ -338,7 +329,7 @@ class NcclBackend:
             premul, redop = float(redop.scalar), self._sum
         try:
             native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
-        except (CollectiveTimeout, InvalidUsage) as e:
+        except GpucollError as e:
             raise self._native_failed(e, self._comm.issued) from None
         if native is None:
             return None
@@ -349,7 +340,7 @@ class NcclBackend:
             self._raise_if_failed()
         try:
             native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], self._stream(buf, stream), async_op)
-        except (CollectiveTimeout, InvalidUsage) as e:
+        except GpucollError as e:
             raise self._native_failed(e, self._comm.issued) from None
         if native is None:
             return None
@@ -370,7 +361,7 @@ class NcclBackend:
         try:
             native = self._comm.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
                                            self._sum, 0, 0, True, None)
-        except (CollectiveTimeout, InvalidUsage) as e:
+        except GpucollError as e:
             raise self._native_failed(e, self._comm.issued) from None
         native.synchronize()
         self._raise_if_failed()
@@ -403,7 +394,7 @@ class NcclBackend:
         finally:
             try:
                 self._comm.group_end()
-            except (CollectiveTimeout, InvalidUsage) as e:
+            except GpucollError as e:
                 raise self._native_failed(e, self._comm.issued) from None
 
     def abort(self, reason: str = "abort() was called") -> None:

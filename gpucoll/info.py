@@ -185,7 +185,11 @@ def format_text(info: dict) -> str:
             lines.append(f"CUDA devices: 0 ({cuda['reason']})")
     nccl = info["nccl"]
     if nccl.get("loaded"):
-        lines.append(f"NCCL: {nccl['version_string']} from {nccl['path']} ({nccl['source']})")
+        if nccl["source"] == "emulator":
+            lines.append(f"NCCL: gpucoll's NCCL stand-in for the emulated device (not NVIDIA's NCCL; reports NCCL "
+                         f"{nccl['version_string']}; timings are not GPU timings) from {nccl['path']}")
+        else:
+            lines.append(f"NCCL: {nccl['version_string']} from {nccl['path']} ({nccl['source']})")
         if nccl.get("missing_optional"):
             lines.append(f"  (lacks the optional {', '.join(nccl['missing_optional'])})")
     else:

@@ -16,7 +16,8 @@ const std::vector<ConfigVar>& config_vars() {
        "Log level: ERROR, WARN, INFO, DEBUG or TRACE. Lines go to stderr, prefixed with the rank."},
       {"GPUCOLL_NCCL_LIBRARY", VarType::kString, "",
        "Path of libnccl.so.2 to load; when empty gpucoll tries a copy already loaded in the process, an "
-       "installed nvidia-nccl-cu13/-cu12 wheel, then the system loader."},
+       "installed nvidia-nccl-cu13/-cu12 wheel, then the system loader (emulated-device builds: gpucoll's NCCL "
+       "stand-in, gpucoll/_emu/libnccl-emu.so)."},
       {"GPUCOLL_NCCL_WATCHDOG_MS", VarType::kInt, "100",
        "How often (milliseconds) the NCCL backend's watchdog checks for timed-out collectives and asynchronous "
        "NCCL errors; ranks publish their progress to the store at most every max(this, 500 ms)."},

@@ -1,6 +1,6 @@
 """gpucoll-bench on a CUDA device (every test is @pytest.mark.gpu: skipped with the reason where none is usable).
 On gpucoll's emulated device (a GPUCOLL_CUDA=emulate build) the --backend custom runs and --check run, with buffers
-from gpucoll itself (devmem.GpucollMem); what needs NCCL skips with the reason until the NCCL stand-in exists.
+from gpucoll itself (devmem.GpucollMem); --backend nccl runs on its NCCL stand-in.
 
 --backend nccl at world size 1 (every collective, checked) and 2 ranks (two GPUs, or one GPU shared through NCCL's
 multi-rank mode where the loaded NCCL allows it), -G (CUDA graph launches), -z, --compare torch, --backend custom

@@ -1,38 +1,45 @@
-"""The NCCL backend on a real GPU (every test is @pytest.mark.gpu: skipped with the reason where none is usable).
+"""The NCCL backend on a GPU, or on gpucoll's emulated CUDA device with its NCCL stand-in (every test is
+@pytest.mark.gpu: skipped with the reason where no CUDA device is usable).
 
-* World size 1, in this process: every collective x dtype x op (fp8 where the NCCL and the GPU have it), premul_sum,
-  torch and CuPy inputs, ordering on the caller's stream, async Work, CUDA graph capture with 100 replays, bad inputs.
-* World size 2 through gpucoll.spawn(backend='nccl'): on two GPUs, or two ranks sharing one GPU with NCCL's
-  multi-rank mode (NCCL >= 2.30; skipped with the reason otherwise). Includes a rank that never arrives: the other
-  rank's watchdog must raise CollectiveTimeout naming it.
+* Correctness runs at world sizes 2 and 3, ranks spawned once per world size for the whole module
+  (gpucoll.spawn(backend='nccl'); ranks share the GPU through NCCL's multi-rank mode where there are fewer GPUs):
+  every collective x dtype x op (fp8 where NCCL and the GPU have it) and premul_sum, every root, the grouped
+  send/recv path of NCCL < 2.28, send/recv in groups, async Work, groups, ordering on the caller's stream, and CUDA
+  graph capture with 100 replays. Outputs are pre-filled with a sentinel; inputs hold a distinct value per element.
+* Array providers: gpucoll.testing.DeviceArray everywhere; torch and CuPy CUDA arrays only on a real GPU (skipped with
+  the reason on the emulated device).
+* A rank that never arrives (the watchdog names it), abort(), GPUCOLL_NCCL_BLOCKING_OPS=1, and in-process checks at
+  world size 1 (bad inputs, DLPack and __cuda_array_interface__ inputs).
+* On a real GPU a world size that cannot run (one GPU, NCCL < 2.30) fails instead of skipping: the correctness
+  checks live there.
 
-Inputs are integer-valued (tests/helpers.py), so every result is checked bit for bit against the NumPy reference.
+tests/nccl_ranks.py holds what the ranks run; tests/gpu/test_nccl_emulated.py what only the stand-in can do (faults,
+NCCL versions, device shapes).
 """
 
 from __future__ import annotations
 
-import time
+import importlib.util
 
 import helpers
+import nccl_ranks
 import numpy as np
 import pytest
+from nccl_ranks import FP8, PROVIDERS, Arrays, check, premul_for
 
 import gpucoll
 from gpucoll import _C
-from gpucoll._nccl_backend import PreMulSum
 from gpucoll._spawn import free_port
-from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage
 
-pytestmark = [
-    pytest.mark.gpu,
-    # gpucoll's emulated CUDA device (GPUCOLL_CUDA=emulate) has no NCCL until its NCCL stand-in exists.
-    pytest.mark.skipif(bool(_C.build_info().get("cuda_emulated")),
-                       reason="NCCL cannot run on gpucoll's emulated CUDA device yet (the NCCL stand-in is not built)"),
-]
+pytestmark = pytest.mark.gpu
 
-COLLS = ("all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather", "all_to_all", "gather", "scatter")
-FP8 = ("float8_e4m3fn", "float8_e5m2")
-N = 96  # elements per rank-block: divisible by 1, 2, 3, 4, 8
+WORLDS = (2, 3)
+REPLAYS = 100
+
+
+def emulated() -> bool:
+    return bool(_C.build_info().get("cuda_emulated"))
 
 
 def nccl_version() -> int:
@@ -51,120 +58,305 @@ def fp8_usable() -> str | None:
     return None
 
 
-# -- data ------------------------------------------------------------------------------------------------------------
+def provider_problem(kind: str) -> str | None:
+    """Why arrays of `kind` cannot be made here (None: they can)."""
+    if kind == "device_array":
+        return None
+    if emulated():
+        return (f"{kind} CUDA arrays need a real GPU: this is gpucoll's emulated CUDA device, where only "
+                f"gpucoll.testing.DeviceArray allocates")
+    if importlib.util.find_spec(kind) is None:
+        return f"{kind} is not installed"
+    if kind == "torch":
+        import torch
 
-def to_torch(a: np.ndarray, dtype: str, device):
-    import torch
+        return None if torch.cuda.is_available() else "torch has no CUDA here"
+    import cupy
 
-    if dtype == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(device).to(torch.bfloat16)
-    if dtype in FP8:
-        return torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(device).to(getattr(torch, dtype))
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-
-def to_numpy(t, dtype: str) -> np.ndarray:
-    import torch
-
-    if dtype == "bfloat16" or dtype in FP8:
-        return t.to(torch.float32).cpu().numpy()
-    return t.cpu().numpy()
+    return None if cupy.cuda.is_available() else "CuPy has no CUDA here"
 
 
-def fp8_input(op: str, count: int, rank: int, world: int) -> np.ndarray:
-    """Small integers (exact in e4m3 and e5m2, and so are their sums and products at these sizes), no zeros."""
-    rng = np.random.default_rng([rank, count, world, len(op)])
-    if op == "prod":
-        return rng.choice(np.array([-2.0, -1.0, 1.0, 2.0], np.float32), size=count)
-    return rng.integers(1, 4, size=count).astype(np.float32) * rng.choice(np.array([-1.0, 1.0], np.float32), count)
+def live_providers() -> list:
+    return [k for k in PROVIDERS if provider_problem(k) is None]
 
 
-def make(dtype: str, op: str, count: int, rank: int, world: int) -> np.ndarray:
-    if dtype in FP8:
-        return fp8_input(op, count, rank, world)
-    return helpers.make_input(dtype, op, count, rank, world, seed=11)
+def require_world(world: int) -> None:
+    """A world size that cannot run fails: the correctness checks are here, a skip would hide them."""
+    count = int(_C.cuda_probe()["device_count"])
+    if count < world and not _C.nccl_multi_rank_gpu_supported(nccl_version()):
+        pytest.fail(f"{world} ranks need {world} GPUs or NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE); {count} GPU(s) "
+                    f"and NCCL {nccl_version()} here: install a newer NCCL (pip install -U nvidia-nccl-cu13)")
 
 
-def reduce_ref(inputs, dtype: str, op) -> np.ndarray:
-    if isinstance(op, PreMulSum):
-        acc = sum(np.asarray(a, np.float64) * op.scalar for a in inputs)
-        return acc.astype(helpers.np_dtype(dtype) if dtype not in FP8 else np.float32)
-    if dtype in FP8:
-        return helpers.reference([np.asarray(a, np.float32) for a in inputs], "float32", op)
-    return helpers.reference(inputs, dtype, op)
+def ops_for(dtype: str) -> list:
+    return list(helpers.OPS) + [premul_for(dtype)]
 
 
-def premul_for(dtype: str):
-    # Floats (fp8 too): 0.5 keeps integer inputs exact. Integers: -1 (1 for uint8) keeps them in range.
-    if dtype in helpers.FLOAT_DTYPES or dtype in FP8:
-        return gpucoll.premul_sum(0.5)
-    return gpucoll.premul_sum(1 if dtype == "uint8" else -1)
+ALL_DTYPES = tuple(helpers.DTYPES) + FP8
+CASES = ([f"reduce/{d}/{o}" for d in ALL_DTYPES for o in (*helpers.OPS, "premul")]
+         + [f"move/{d}" for d in ALL_DTYPES]
+         + [f"grouped/{d}" for d in ("float32", "int8", "bfloat16")]
+         + ["p2p", "async", "group", "stream", "graph"])
 
 
-def input_op(op, dtype: str) -> str:
-    """The make_input ranges of a call's op. premul_sum: floats those of sum (|x| <= 2**p / W, so x * 0.5 and every
-    partial sum stay exact; avg's own inputs are W times larger), integers those of avg (no overflow)."""
-    if not isinstance(op, PreMulSum):
-        return op
-    return "sum" if dtype in helpers.FLOAT_DTYPES or dtype in FP8 else "avg"
+# -- what the ranks run beyond nccl_ranks.battery: streams and graphs need the provider's own stream API ------------
+
+def stream_order(comm, A: Arrays, failures: list) -> None:
+    """An operation on an explicit stream runs after the work queued there before it (and an async one too: the
+    internal stream waits for the caller's). A long copy holds the stream first; the collective must see its data."""
+    W, r = comm.world_size, comm.rank
+    vals = np.arange(4096, dtype=np.float32) + 7 * r
+    want = sum(np.arange(4096, dtype=np.float32) + 7 * q for q in range(W)).astype(np.float32)
+    for async_op in (False, True):
+        tag = "async " if async_op else ""
+        if A.kind == "torch":
+            torch = A._torch
+            s = torch.cuda.Stream()
+            x = A.empty(4096, "float32")
+            y = A.empty(4096, "float32")
+            src = A.put(vals, "float32")
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(100_000_000)
+                x.copy_(src)
+            work = comm.all_reduce(x, out=y, stream=s, async_op=async_op)
+            (work.synchronize() if async_op else s.synchronize())
+        elif A.kind == "device_array":
+            dev = A.device
+            s = _C.CudaStream(dev)
+            pad_src, pad_dst = A.empty(8 << 20, "float32"), A.empty(8 << 20, "float32")
+            x = A.empty(4096, "float32")
+            y = A.empty(4096, "float32")
+            src = A.put(vals, "float32")
+            _C.cuda_copy(pad_dst.ptr, pad_src.ptr, pad_src.nbytes, dev, s.handle)  # ~32 MiB ahead of the fill
+            _C.cuda_copy(x.ptr, src.ptr, x.nbytes, dev, s.handle)
+            work = comm.all_reduce(x, out=y, stream=s.handle, async_op=async_op)
+            (work.synchronize() if async_op else s.synchronize())
+        else:
+            failures.append("SKIP stream ordering is checked with torch and DeviceArray")
+            return
+        check(A.get(y, "float32"), want, f"{tag}all_reduce after the stream's earlier copy", failures)
+    if A.kind == "device_array":
+        cai_producer_stream(comm, A, vals, want, failures)
 
 
-def check(got, want, what: str, failures: list) -> None:
-    msg = helpers.compare_exact(np.asarray(got).reshape(-1), np.asarray(want).reshape(-1))
-    if msg:
-        failures.append(f"{what}: {msg}")
+def cai_producer_stream(comm, A: Arrays, vals, want, failures: list) -> None:
+    """__cuda_array_interface__ v3: with stream= naming another stream, the operation waits for the interface's
+    "stream" (the producer's), where a long copy and then the fill are still queued."""
+    dev = A.device
+    producer, consumer = _C.CudaStream(dev), _C.CudaStream(dev)
+    pad_src, pad_dst = A.empty(8 << 20, "float32"), A.empty(8 << 20, "float32")
+    x, y, src = A.empty(4096, "float32"), A.empty(4096, "float32"), A.put(vals, "float32")
+    _C.cuda_copy(pad_dst.ptr, pad_src.ptr, pad_src.nbytes, dev, producer.handle)
+    _C.cuda_copy(x.ptr, src.ptr, x.nbytes, dev, producer.handle)
+
+    class Produced:
+        @property
+        def __cuda_array_interface__(self):
+            return dict(x.__cuda_array_interface__, stream=producer.handle)
+
+    comm.all_reduce(Produced(), out=y, stream=consumer.handle)
+    consumer.synchronize()
+    check(A.get(y, "float32"), want, "all_reduce of a CAI array still being produced on its stream", failures)
+    producer.synchronize()
 
 
-def run_collectives(comm, dtypes, ops, kind="torch") -> list:
-    """Every collective on this communicator; returns failure descriptions (empty: all bit-exact)."""
-    import torch
+def graph(comm, A: Arrays, failures: list) -> None:
+    """all_reduce(x, out=y) then x <- y captured into a CUDA graph and replayed: x = W^k * x0 after k replays, which
+    counts the replays (float64; sums of equal values round the same in any order)."""
+    W = comm.world_size
+    x0 = np.arange(1, 257, dtype=np.float64)
+    x, y = A.put(x0, "float64"), A.empty(256, "float64")
+    if A.kind == "torch":
+        torch = A._torch
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            comm.all_reduce(x, out=y)  # warm-up outside the capture (NCCL connects lazily)
+            x.copy_(torch.from_numpy(x0).to(x.device))
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            comm.all_reduce(x, out=y)
+            x.copy_(y)
+        for _ in range(REPLAYS):
+            g.replay()
+        torch.cuda.synchronize()
+    elif A.kind == "device_array":
+        dev = A.device
+        s = _C.CudaStream(dev)
+        comm.all_reduce(x, out=y, stream=s.handle)  # warm-up outside the capture
+        s.synchronize()
+        g = _C.MultiStreamGraph(dev, [s.handle])
+        g.begin()
+        comm.all_reduce(x, out=y, stream=s.handle)
+        _C.cuda_copy(x.ptr, y.ptr, x.nbytes, dev, s.handle)
+        g.end()
+        g.replay(REPLAYS)
+        s.synchronize()
+    else:
+        failures.append("SKIP graph capture is checked with torch and DeviceArray")
+        return
+    want = x0.copy()
+    for _ in range(REPLAYS):
+        want = want * W
+    check(A.get(x, "float64"), want, f"x after {REPLAYS} replays", failures)
+    check(A.get(y, "float64"), want, f"y after {REPLAYS} replays", failures)
 
-    W, r, dev = comm.world_size, comm.rank, comm.device
-    failures: list = []
-    for dtype in dtypes:
-        for op in ops:
-            iop = input_op(op, dtype)
-            inputs = [make(dtype, iop, W * N, q, W) for q in range(W)]
-            want = reduce_ref(inputs, dtype, op)
-            tag = f"{dtype}/{op}"
-            x = to_torch(inputs[r], dtype, dev)
-            check(to_numpy(comm.all_reduce(x.clone(), op=op), dtype), want, f"all_reduce {tag}", failures)
-            out = torch.empty_like(x)
-            comm.all_reduce(x, out=out, op=op)
-            check(to_numpy(out, dtype), want, f"all_reduce(out=) {tag}", failures)
-            got = comm.reduce_scatter(x, op=op)
-            check(to_numpy(got, dtype), want.reshape(W, N)[r], f"reduce_scatter {tag}", failures)
-            for root in range(W):
-                res = comm.reduce(x.clone(), op=op, root=root)
-                if r == root:
-                    check(to_numpy(res, dtype), want, f"reduce root={root} {tag}", failures)
-        # Data movement: any values move bit for bit.
-        inputs = [make(dtype, "max", W * N, q, W) for q in range(W)]
-        x = to_torch(inputs[r], dtype, dev)
-        check(to_numpy(comm.all_gather(x), dtype), np.concatenate(inputs), f"all_gather {dtype}", failures)
-        want_a2a = np.concatenate([inputs[q].reshape(W, N)[r] for q in range(W)])
-        check(to_numpy(comm.all_to_all(x), dtype), want_a2a, f"all_to_all {dtype}", failures)
-        for root in range(W):
-            b = comm.broadcast(x.clone(), root=root)
-            check(to_numpy(b, dtype), inputs[root], f"broadcast root={root} {dtype}", failures)
-            g = comm.gather(x, root=root)
-            if r == root:
-                check(to_numpy(g, dtype), np.concatenate(inputs), f"gather root={root} {dtype}", failures)
-            s = comm.scatter(x, root=root)
-            check(to_numpy(s, dtype), inputs[root].reshape(W, N)[r], f"scatter root={root} {dtype}", failures)
-    torch.cuda.synchronize()
-    return failures
+
+def _battery_worker(comm, kinds, fp8: bool):
+    dtypes = list(helpers.DTYPES) + (list(FP8) if fp8 else [])
+    out = {}
+    for kind in kinds:
+        res = nccl_ranks.battery(comm, kind, dtypes, ops_for)
+        A = Arrays(kind, int(comm.device.split(":")[1]))
+        for case, fn in (("stream", stream_order), ("graph", graph)):
+            failures: list = []
+            try:
+                fn(comm, A, failures)
+            except Exception as exc:  # noqa: BLE001
+                failures.append(f"raised {type(exc).__name__}: {exc}")
+            res[case] = failures
+        out[kind] = res
+    return out
 
 
-# -- world size 1 ------------------------------------------------------------------------------------------------------
+_RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"ws{w}")
+def world_results(request):
+    """(world size, every rank's {provider: {case: failures}}), from one spawn per world size."""
+    W = request.param
+    if W not in _RESULTS:
+        require_world(W)
+        _RESULTS[W] = gpucoll.spawn(_battery_worker, W, args=(live_providers(), fp8_usable() is None),
+                                    backend="nccl", timeout=120.0)
+    return W, _RESULTS[W]
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+@pytest.mark.parametrize("case", CASES)
+def test_collectives(world_results, case, kind):
+    why = provider_problem(kind)
+    if why:
+        pytest.skip(why)
+    if any(d in case for d in FP8) and fp8_usable():
+        pytest.skip(fp8_usable())
+    _, per_rank = world_results
+    failures = []
+    for r, res in enumerate(per_rank):
+        got = res[kind].get(case)
+        if got is None:
+            skipped = [v for k, v in res[kind].items() if case.startswith(k + "/")]
+            if skipped and skipped[0][0].startswith("SKIP"):
+                pytest.skip(skipped[0][0][5:])
+            failures.append(f"rank {r}: case {case} did not run")
+            continue
+        if got and got[0].startswith("SKIP"):
+            pytest.skip(got[0][5:])
+        failures += [f"rank {r}: {f}" for f in got]
+    assert not failures, helpers.format_failures(failures)
+
+
+# -- world size 2: kinds that need ranks of their own ----------------------------------------------------------------
+
+def _blocking_worker(comm, kinds):
+    """GPUCOLL_NCCL_BLOCKING_OPS=1: the operations run on a blocking communicator split off the init's."""
+    failures = [] if comm._impl.native.blocking else ["the communicator is not blocking"]
+    for kind in kinds:
+        A = Arrays(kind, int(comm.device.split(":")[1]))
+        for dtype in ("float32", "bfloat16", "int32"):
+            for op in helpers.OPS:
+                nccl_ranks.reductions(comm, A, dtype, op, failures)
+            nccl_ranks.movement(comm, A, dtype, failures)
+        nccl_ranks.async_work(comm, A, failures)
+        nccl_ranks.p2p(comm, A, failures)
+        graph(comm, A, failures)
+    return [f for f in failures if not f.startswith("SKIP")]
+
+
+def test_ws2_blocking_ops(monkeypatch):
+    require_world(2)
+    monkeypatch.setenv("GPUCOLL_NCCL_BLOCKING_OPS", "1")  # the spawned ranks inherit it
+    results = gpucoll.spawn(_blocking_worker, 2, args=(live_providers(),), backend="nccl", timeout=120.0)
+    failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
+    assert not failures, helpers.format_failures(failures)
+
+
+def _missing_worker(comm):
+    """Rank 1 never issues the collective: rank 0's watchdog must abort and name it. Rank 1 leaves once rank 0 has
+    raised (told through the store), so nothing depends on how long anything takes."""
+    A = Arrays("device_array", int(comm.device.split(":")[1]))
+    x = A.put(np.ones(16, np.float32), "float32")
+    comm.all_reduce(x)  # both ranks: connected and in step
+    if comm.rank == 1:
+        comm._store.get("test/missing/seen", timeout=60.0)
+        comm.abort()
+        return []
+    try:
+        # Either the call itself times out (a connection waiting for rank 1), or it is enqueued and the watchdog
+        # aborts it: synchronize() then returns (the abort ends it) and raises the recorded CollectiveTimeout.
+        comm.all_reduce(x, async_op=True).synchronize()
+        comm.all_reduce(x)
+        problem = ["no CollectiveTimeout"]
+    except CollectiveTimeout as e:
+        problem = [] if e.ranks == (1,) and "all_reduce #2" in str(e) else [f"wrong timeout: {e!r}"]
+    try:
+        comm.all_reduce(x)
+        problem.append("a call after the timeout did not raise")
+    except CollectiveTimeout:
+        pass
+    comm._store.set("test/missing/seen", b"1")
+    return problem
+
+
+def test_ws2_watchdog_names_the_missing_rank():
+    require_world(2)
+    results = gpucoll.spawn(_missing_worker, 2, backend="nccl", timeout=4.0)
+    assert results == [[], []], results
+
+
+def _abort_worker(comm):
+    """abort() while an operation waits for a peer that never comes: it returns, ends the operation, and later calls
+    raise InvalidUsage naming the abort."""
+    A = Arrays("device_array", int(comm.device.split(":")[1]))
+    x = A.put(np.arange(64, dtype=np.int32), "int32")
+    comm.all_reduce(x)
+    problems = []
+    if comm.rank == 0:
+        work = comm.all_reduce(x, async_op=True)  # rank 1 never joins it
+        comm.abort()
+        work_done = False
+        try:
+            work.synchronize()
+            work_done = True
+        except InvalidUsage:
+            work_done = True  # the communicator is closed: also an answer, not a hang
+        if not work_done:
+            problems.append("synchronize() after abort() did not return")
+    else:
+        comm.abort()  # before or after rank 0's operation: either way that one waits until rank 0's abort
+    try:
+        comm.all_reduce(x)
+        problems.append("all_reduce after abort() did not raise")
+    except InvalidUsage as e:
+        if "abort" not in str(e):
+            problems.append(f"the error after abort() does not say so: {e}")
+    return problems
+
+
+def test_ws2_abort_releases_waiting_work():
+    require_world(2)
+    results = gpucoll.spawn(_abort_worker, 2, backend="nccl", timeout=60.0)
+    assert results == [[], []], results
+
+
+# -- world size 1, in this process: the API's checks --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def comm():
-    pytest.importorskip("torch")
     c = gpucoll.init(0, 1, backend="nccl", address="127.0.0.1", port=free_port(), timeout=120.0)
-    import torch
-
-    torch.cuda.set_device(int(c.device.split(":")[1]))
     yield c
     c.close()
 
@@ -174,72 +366,39 @@ def test_backend_and_device(comm):
     assert comm._impl.native.nccl_version == nccl_version()
 
 
-@pytest.mark.parametrize("dtype", helpers.DTYPES)
-def test_every_collective_dtype_op_ws1(comm, dtype):
-    ops = list(helpers.OPS) + [premul_for(dtype)]
-    failures = run_collectives(comm, [dtype], ops)
-    assert not failures, helpers.format_failures(failures)
-
-
-def test_grouped_send_recv_fallback_ws1(comm):
-    """all_to_all/gather/scatter through grouped send/recv, the path NCCL < 2.28 takes."""
-    native = comm._impl.native
-    native._set_prefer_native(False)
-    try:
-        assert not native.native(5)
-        failures = run_collectives(comm, ["float32", "int8", "bfloat16"], [])
-    finally:
-        native._set_prefer_native(True)
-    assert not failures, helpers.format_failures(failures)
-
-
-@pytest.mark.parametrize("dtype", FP8)
-def test_fp8_ws1(comm, dtype):
-    why = fp8_usable()
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_bad_inputs(comm, kind):
+    why = provider_problem(kind)
     if why:
         pytest.skip(why)
-    failures = run_collectives(comm, [dtype], list(helpers.OPS) + [premul_for(dtype)])
-    assert not failures, helpers.format_failures(failures)
+    A = Arrays(kind, 0)
+    with pytest.raises(InvalidArgument, match="NumPy array"):
+        comm.all_reduce(np.zeros(4, np.float32))
+    with pytest.raises(InvalidArgument, match="stream"):
+        comm.all_reduce(A.put(np.zeros(4, np.float32), "float32"), stream="default")
+    with pytest.raises(InvalidArgument, match="out"):
+        comm.all_reduce(A.put(np.zeros(4, np.float32), "float32"), out=A.empty(5, "float32"))
+    with pytest.raises(InvalidArgument, match="root"):
+        comm.broadcast(A.put(np.zeros(4, np.float32), "float32"), root=1)
+    if kind == "torch":
+        import torch
+
+        with pytest.raises(InvalidArgument, match="x is a CPU tensor.*nccl backend"):
+            comm.all_reduce(torch.zeros(4))
+        with pytest.raises(InvalidArgument, match="contiguous"):
+            comm.all_reduce(torch.zeros(4, 4, device=comm.device).t())
+        if torch.cuda.device_count() > 1:
+            with pytest.raises(InvalidArgument, match="x is on cuda:1, but this communicator uses cuda:0"):
+                comm.all_reduce(torch.zeros(4, device="cuda:1"))
+    x = A.put(np.arange(8, dtype=np.int32), "int32")
+    comm.all_reduce(x)  # still usable after the refusals
+    check(A.get(x, "int32"), np.arange(8, dtype=np.int32), "all_reduce after bad inputs", [])
 
 
-def test_fp8_refused_on_old_nccl(comm):
-    import torch
-
-    if nccl_version() >= _C.NCCL_FP8_VERSION:
-        pytest.skip(f"the loaded NCCL ({nccl_version()}) has fp8; the gate is unit-tested with fake versions")
-    with pytest.raises(Unsupported, match="NCCL >= 2.24"):
-        comm.all_reduce(torch.zeros(8, dtype=torch.float8_e4m3fn, device=comm.device))
-
-
-def test_fp8_reduction_refused_below_sm90(comm):
-    import torch
-
-    if nccl_version() < _C.NCCL_FP8_VERSION or fp8_usable() is None:
-        pytest.skip("needs an NCCL with fp8 on a GPU below compute capability 9.0")
-    x = torch.ones(8, device=comm.device).to(torch.float8_e4m3fn)
-    with pytest.raises(Unsupported, match="compute capability 9.0"):
-        comm.all_reduce(x)
-    assert torch.equal(comm.all_gather(x).float(), torch.ones(8, device=comm.device))  # moving fp8 works, comm too
-
-
-def test_cupy_inputs_ws1(comm):
-    cupy = pytest.importorskip("cupy")
-    with cupy.cuda.Device(0):
-        x = cupy.arange(4 * N, dtype=cupy.int32)
-        assert (comm.all_reduce(x.copy(), op="max") == x).all()
-        g = comm.all_gather(x)
-        assert isinstance(g, cupy.ndarray) and (g == x).all()
-        s = cupy.cuda.Stream(non_blocking=True)
-        with s:
-            y = comm.all_reduce(x * 2)
-        s.synchronize()
-        assert (y == x * 2).all()
-
-
-def test_dlpack_and_cai_inputs_ws1(comm):
-    import torch
-
-    t = torch.arange(64, dtype=torch.bfloat16, device=comm.device)
+def test_dlpack_and_cai_inputs(comm):
+    """Objects that only export DLPack or __cuda_array_interface__ (here wrapping DeviceArrays)."""
+    A = Arrays("device_array", 0)
+    t = A.put(np.arange(64, dtype=np.float32), "bfloat16")
 
     class ViaDLPack:
         def __dlpack__(self, stream=None):
@@ -248,268 +407,57 @@ def test_dlpack_and_cai_inputs_ws1(comm):
         def __dlpack_device__(self):
             return t.__dlpack_device__()
 
-    out = torch.empty_like(t)
+    out = A.empty(64, "bfloat16")
     comm.all_reduce(ViaDLPack(), out=out)
-    torch.cuda.synchronize()
-    assert torch.equal(out, t)
-    f = torch.arange(32, dtype=torch.float32, device=comm.device)
+    failures: list = []
+    check(A.get(out, "bfloat16"), np.arange(64, dtype=np.float32), "all_reduce of a DLPack input", failures)
+    f = A.put(np.arange(32, dtype=np.float32), "float32")
 
     class ViaCAI:
         __cuda_array_interface__ = f.__cuda_array_interface__
 
     comm.broadcast(ViaCAI())
-    torch.cuda.synchronize()
-    assert torch.equal(f, torch.arange(32, dtype=torch.float32, device=comm.device))
+    check(A.get(f, "float32"), np.arange(32, dtype=np.float32), "broadcast of a CAI input", failures)
+    strided = dict(f.__cuda_array_interface__, shape=(16,), strides=(8,))
 
+    class Strided:
+        __cuda_array_interface__ = strided
 
-def test_cai_producer_stream_is_waited_for(comm):
-    """__cuda_array_interface__ v3: an explicit stream= must wait for the interface's "stream" (the producer's)."""
-    import torch
-
-    x = torch.zeros(1 << 20, dtype=torch.float32, device=comm.device)
-    y = torch.zeros_like(x)
-    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
-    producer.wait_stream(torch.cuda.current_stream())
-    consumer.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(producer):
-        torch.cuda._sleep(200_000_000)
-        x.fill_(7.0)
-
-    class Produced:
-        @property
-        def __cuda_array_interface__(self):
-            return {"shape": (x.numel(),), "typestr": "<f4", "data": (x.data_ptr(), False), "strides": None,
-                    "version": 3, "stream": producer.cuda_stream}
-
-    comm.all_reduce(Produced(), out=y, stream=consumer)
-    consumer.synchronize()
-    assert torch.all(y == 7.0 * comm.world_size)
-    producer.synchronize()
-
-
-def test_collective_is_ordered_on_the_callers_stream(comm):
-    import torch
-
-    x = torch.zeros(1 << 20, dtype=torch.float32, device=comm.device)
-    y = torch.empty_like(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the fill
-        x.fill_(3.0)
-        comm.all_reduce(x, out=y)  # must run after the fill, on s
-    s.synchronize()
-    assert torch.all(y == 3.0 * comm.world_size)
-    # An explicit stream= (here the raw handle) is honoured the same way.
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(200_000_000)
-        x.fill_(5.0)
-    comm.all_reduce(x, out=y, stream=s.cuda_stream)
-    s.synchronize()
-    assert torch.all(y == 5.0)
-
-
-def test_async_work(comm):
-    import torch
-
-    x = torch.zeros((1 << 20,), device=comm.device)
-    out = torch.zeros_like(x)
-    cur = torch.cuda.current_stream()
-    torch.cuda._sleep(100_000_000)
-    x.fill_(2.0)  # behind the sleep: the internal stream must wait for the caller's before reading x
-    work = comm.all_reduce(x, out=out, async_op=True)
-    assert isinstance(work, gpucoll.Work) and work.result() is out
-    work.wait()  # the current stream waits; the host does not
-    y = out * 1  # ordered after the collective through the wait
-    cur.synchronize()
-    assert work.is_completed() and torch.all(y == 2.0 * comm.world_size)
-    x = torch.full((1 << 20,), 2.0, device=comm.device)
-    w2 = comm.all_gather(x[:16], async_op=True)
-    w2.synchronize()
-    assert w2.is_completed() and torch.equal(w2.result(), x[:16].repeat(comm.world_size))
-
-
-def test_group_ws1(comm):
-    import torch
-
-    a = torch.ones(8, device=comm.device)
-    b = torch.full((8,), 2.0, device=comm.device)
-    with comm.group():
-        comm.all_reduce(a)
-        wb = comm.all_reduce(b, async_op=True)
-        with pytest.raises(InvalidUsage, match="inside the group"):
-            wb.synchronize()
-    wb.synchronize()
-    assert torch.all(a == 1) and torch.all(b == 2)
-
-
-def test_torch_graph_capture_replays(comm):
-    import torch
-
-    x = torch.zeros(1024, dtype=torch.float32, device=comm.device)
-    y = torch.empty_like(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        comm.all_reduce(x, out=y)  # warm-up outside the capture (NCCL connects lazily)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        comm.all_reduce(x, out=y)
-        x.add_(1.0)
-    for i in range(100):
-        g.replay()
-    torch.cuda.synchronize()
-    assert torch.all(x == 100.0) and torch.all(y == 99.0 * comm.world_size)
-
-
-def test_cupy_graph_capture_replays(comm):
-    cupy = pytest.importorskip("cupy")
-    with cupy.cuda.Device(0):
-        x = cupy.zeros(256, dtype=cupy.float32)
-        y = cupy.empty_like(x)
-        s = cupy.cuda.Stream(non_blocking=True)
-        with s:
-            comm.all_reduce(x, out=y)
-            s.synchronize()
-            s.begin_capture()
-            comm.all_reduce(x, out=y)
-            x += 1
-            graph = s.end_capture()
-        for _ in range(100):
-            graph.launch(stream=s)
-        s.synchronize()
-        assert float(x[0]) == 100.0 and float(y[0]) == 99.0
-
-
-def test_bad_inputs(comm):
-    import torch
-
-    with pytest.raises(InvalidArgument, match="x is a CPU tensor.*nccl backend"):
-        comm.all_reduce(torch.zeros(4))
-    with pytest.raises(InvalidArgument, match="NumPy array"):
-        comm.all_reduce(np.zeros(4, np.float32))
     with pytest.raises(InvalidArgument, match="contiguous"):
-        comm.all_reduce(torch.zeros(4, 4, device=comm.device).t())
-    with pytest.raises(InvalidArgument, match="out is a CPU tensor"):
-        comm.all_reduce(torch.zeros(4, device=comm.device), out=torch.zeros(4))
-    with pytest.raises(InvalidArgument, match="stream"):
-        comm.all_reduce(torch.zeros(4, device=comm.device), stream="default")
-    if torch.cuda.device_count() > 1:
-        with pytest.raises(InvalidArgument, match="x is on cuda:1, but this communicator uses cuda:0"):
-            comm.all_reduce(torch.zeros(4, device="cuda:1"))
-        with pytest.raises(InvalidArgument, match="stream belongs to cuda:1"):
-            comm.all_reduce(torch.zeros(4, device=comm.device), stream=torch.cuda.Stream(device=1))
+        comm.all_reduce(Strided())
+    assert not failures, failures
+
+
+def test_fp8_refused_on_old_nccl(comm):
+    from gpucoll.errors import Unsupported
+
+    if nccl_version() >= _C.NCCL_FP8_VERSION:
+        pytest.skip(f"the loaded NCCL ({nccl_version()}) has fp8 (test_nccl_emulated.py runs the gate with an emulated "
+                    f"older NCCL)")
+    x = Arrays("device_array", 0).put(np.zeros(8, np.float32), "float8_e4m3fn")
+    with pytest.raises(Unsupported, match="NCCL >= 2.24"):
+        comm.all_reduce(x)
+
+
+def test_fp8_reduction_refused_below_sm90(comm):
+    from gpucoll.errors import Unsupported
+
+    if nccl_version() < _C.NCCL_FP8_VERSION or fp8_usable() is None:
+        pytest.skip("needs an NCCL with fp8 on a GPU below compute capability 9.0 (test_nccl_emulated.py runs it on an "
+                    "emulated sm_80)")
+    A = Arrays("device_array", 0)
+    x = A.put(np.ones(8, np.float32), "float8_e4m3fn")
+    with pytest.raises(Unsupported, match="compute capability 9.0"):
+        comm.all_reduce(x)
+    failures: list = []
+    check(A.get(comm.all_gather(x), "float8_e4m3fn"), np.ones(8, np.float32), "fp8 all_gather", failures)
+    assert not failures, failures  # moving fp8 works, and the communicator too
 
 
 def test_barrier_and_abort():
-    torch = pytest.importorskip("torch")
-
     c = gpucoll.init(0, 1, backend="nccl", address="127.0.0.1", port=free_port(), timeout=60.0)
     c.barrier()
     c.abort()
+    A = Arrays("device_array", 0)
     with pytest.raises(InvalidUsage, match="abort"):
-        c.all_reduce(torch.zeros(4, device="cuda:0"))
-
-
-# -- world size 2 --------------------------------------------------------------------------------------------------
-
-def ws2_available() -> str | None:
-    pytest.importorskip("torch")  # the workers use torch tensors
-    count = int(_C.cuda_probe()["device_count"])
-    if count >= 2:
-        return None
-    if not _C.nccl_multi_rank_gpu_supported(nccl_version()):
-        return f"one GPU and NCCL {nccl_version()} < 2.30: two ranks cannot share it (NCCL_MULTI_RANK_GPU_ENABLE)"
-    return None
-
-
-def _ws2_worker(comm, kind):
-    import torch
-
-    torch.cuda.set_device(int(comm.device.split(":")[1]))
-    if kind == "torch":
-        dtypes = list(helpers.DTYPES) + ([d for d in FP8] if fp8_usable() is None else [])
-        failures = []
-        for dtype in dtypes:
-            failures += run_collectives(comm, [dtype], list(helpers.OPS) + [premul_for(dtype)])
-        # send/recv, grouped both ways (would deadlock without the group)
-        peer = 1 - comm.rank
-        mine = torch.full((1000,), comm.rank + 1.0, device=comm.device)
-        theirs = torch.empty_like(mine)
-        with comm.group():
-            comm.send(mine, peer)
-            comm.recv(theirs, peer)
-        torch.cuda.synchronize()
-        if not torch.all(theirs == peer + 1.0):
-            failures.append("send/recv in a group")
-        work = comm.all_reduce(mine, async_op=True)
-        work.synchronize()
-        if not torch.all(mine == 3.0):
-            failures.append("async all_reduce")
-        comm.barrier()
-        return failures
-    if kind == "fallback":
-        comm._impl.native._set_prefer_native(False)
-        return run_collectives(comm, ["float32", "int64", "bfloat16"], [])
-    if kind == "graph":
-        x = torch.full((512,), float(comm.rank), device=comm.device)
-        y = torch.empty_like(x)
-        comm.all_reduce(x, out=y)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            comm.all_reduce(x, out=y)
-            x.add_(1.0)
-        for _ in range(100):
-            g.replay()
-        torch.cuda.synchronize()
-        # After 100 replays x = rank + 100; the last replay reduced rank + 99 on each rank.
-        return [] if torch.all(y == (0 + 99) + (1 + 99)) else [f"graph: y[0]={float(y[0])}"]
-    if kind == "blocking":
-        # GPUCOLL_NCCL_BLOCKING_OPS=1: the operations run on a blocking communicator split off the init's
-        failures = [] if comm._impl.native.blocking else ["the communicator is not blocking"]
-        failures += run_collectives(comm, ["float32", "bfloat16", "int32"], list(helpers.OPS))
-        failures += _ws2_worker(comm, "graph")
-        x = torch.ones(1 << 20, device=comm.device)
-        work = comm.all_reduce(x, async_op=True)
-        work.synchronize()
-        return failures + ([] if torch.all(x == 2.0) else ["async all_reduce on the blocking communicator"])
-    if kind == "missing":
-        # Rank 1 never joins the collective: rank 0's watchdog must abort and name rank 1.
-        if comm.rank == 1:
-            time.sleep(20.0)
-            comm.abort()
-            return []
-        x = torch.ones(16, device=comm.device)
-        try:
-            # Either the call itself times out (NCCL connects lazily, and the connection waits for rank 1), or it
-            # is enqueued and the watchdog aborts it: synchronize() then returns (the kernels end) and the next
-            # call raises the recorded CollectiveTimeout.
-            comm.all_reduce(x)
-            torch.cuda.synchronize()
-            comm.all_reduce(x)
-        except CollectiveTimeout as e:
-            return [] if e.ranks == (1,) and "all_reduce #" in str(e) else [f"wrong timeout: {e!r}"]
-        return ["no CollectiveTimeout"]
-    raise ValueError(kind)
-
-
-@pytest.mark.parametrize("kind", ["torch", "fallback", "graph", "blocking"])
-def test_ws2(kind, monkeypatch):
-    why = ws2_available()
-    if why:
-        pytest.skip(why)
-    if kind == "blocking":
-        monkeypatch.setenv("GPUCOLL_NCCL_BLOCKING_OPS", "1")  # the spawned ranks inherit it
-    results = gpucoll.spawn(_ws2_worker, 2, args=(kind,), backend="nccl", timeout=300.0)
-    failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
-    assert not failures, helpers.format_failures(failures)
-
-
-def test_ws2_watchdog_names_the_missing_rank():
-    why = ws2_available()
-    if why:
-        pytest.skip(why)
-    results = gpucoll.spawn(_ws2_worker, 2, args=("missing",), backend="nccl", timeout=8.0)
-    assert results == [[], []], results
+        c.all_reduce(A.put(np.zeros(4, np.float32), "float32"))

@@ -99,6 +99,18 @@ bool try_library(const std::string& name, int flags, NcclLibrary* lib, std::stri
   return true;
 }
 
+#ifdef GPUCOLL_CUDA_EMULATION
+// gpucoll/_emu/libnccl-emu.so, beside the emulated runtime this process loaded (through _C's RPATH); "" if none.
+std::string emulated_nccl_path() {
+  void* emu = dlopen("libgpucoll_cudaemu.so", RTLD_NOW | RTLD_NOLOAD);
+  if (emu == nullptr) return "";
+  const std::string path = mapped_path(emu, "");
+  dlclose(emu);
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1) + "libnccl-emu.so";
+}
+#endif
+
 NcclLibrary search(const std::vector<std::string>& wheels) {
   NcclLibrary lib;
   lib.attempted = true;
@@ -127,6 +139,21 @@ NcclLibrary search(const std::vector<std::string>& wheels) {
     }
     return lib;
   }
+#ifdef GPUCOLL_CUDA_EMULATION
+  // An emulated device: NVIDIA's NCCL cannot drive it (it runs kernels on a real GPU). The NCCL stand-in built with
+  // the emulator (csrc/emulation/nccl/) lies next to it, and is the only NCCL this build finds by itself.
+  const std::string stand_in = emulated_nccl_path();
+  if (stand_in.empty()) {
+    lib.reason = "this is an emulated-device build (GPUCOLL_CUDA=emulate) and its NCCL stand-in was not found: the "
+                 "emulator library libgpucoll_cudaemu.so is not loaded. Rebuild, or set " + std::string(kEnvVar);
+    return lib;
+  }
+  if (!attempt(stand_in, kFlags, "emulator")) {
+    lib.reason = "this is an emulated-device build (GPUCOLL_CUDA=emulate), and its NCCL stand-in " + stand_in +
+                 " cannot be used: " + lib.tried.back().second + ". NVIDIA's NCCL needs a real GPU; rebuild.";
+  }
+  return lib;
+#endif
   if (attempt(kSoname, kFlags | RTLD_NOLOAD, "process")) return lib;
   for (const std::string& w : wheels) {
     if (attempt(w, kFlags, "wheel")) return lib;
@@ -193,7 +220,12 @@ NcclLibrary nccl_load(const std::vector<std::string>& wheel_candidates) {
   g_tried_wheels.insert(wheel_candidates.begin(), wheel_candidates.end());
   NcclLibrary lib = search(wheel_candidates);
   if (lib.loaded) {
-    GPUCOLL_INFO("loaded NCCL ", lib.version_string, " from ", lib.path, " (", lib.source, ")");
+    if (lib.source == "emulator") {
+      GPUCOLL_INFO("loaded gpucoll's NCCL stand-in for the emulated CUDA device (not NVIDIA's NCCL; it reports NCCL ",
+                   lib.version_string, ") from ", lib.path);
+    } else {
+      GPUCOLL_INFO("loaded NCCL ", lib.version_string, " from ", lib.path, " (", lib.source, ")");
+    }
     // Leaked on purpose: the function table must outlive every communicator, including ones destroyed from
     // atexit handlers, and unloading NCCL with CUDA state alive is unsafe anyway.
     g_loaded.store(new NcclLibrary(lib), std::memory_order_release);

@@ -11,6 +11,8 @@
 //   2. A copy already loaded in this process (dlopen("libnccl.so.2", RTLD_NOLOAD)), e.g. torch's.
 //   3. The wheel paths passed in (gpucoll._nccl.wheel_candidates(): nvidia-nccl-cu13, then -cu12).
 //   4. The system loader: dlopen("libnccl.so.2") (LD_LIBRARY_PATH, ld.so.cache).
+// Emulated-device builds (GPUCOLL_CUDA=emulate) replace 2-4 by gpucoll's NCCL stand-in, libnccl-emu.so next to the
+// emulator (source "emulator"): NVIDIA's NCCL cannot run on the emulated device.
 // Libraries older than NCCL 2.18 are refused with a reason; the search then goes on to the next candidate.
 #pragma once
 
@@ -36,7 +38,7 @@ struct NcclLibrary {
   bool attempted = false;  // false until the first nccl_load()
   bool loaded = false;
   std::string path;            // file that was loaded (as the dynamic loader resolved it)
-  std::string source;          // "GPUCOLL_NCCL_LIBRARY", "process", "wheel" or "system"
+  std::string source;          // "GPUCOLL_NCCL_LIBRARY", "process", "wheel", "system" or "emulator"
   int version = 0;             // ncclGetVersion code, e.g. 23203
   std::string version_string;  // "2.32.3"
   std::string reason;          // why not loaded; empty when loaded
