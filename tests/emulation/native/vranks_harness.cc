@@ -11,8 +11,8 @@
 //   vranks_harness --missing-peer      one rank calls, its peer never does: the kernel must time out
 // Prints one line per failure and a summary; exits 1 on any wrong element, timed-out kernel or error.
 //
-// Inputs are distinct per element and rank, small integers (every sum, avg and extreme exact in every dtype), and
-// outputs start as a sentinel, so a kernel that skips, shifts or double-counts any element is caught.
+// Inputs are distinct per element and rank, small integers (every sum, avg and extreme exact in every dtype; avg:
+// see fill_host), and outputs start as a sentinel, so a kernel that skips, shifts or double-counts any element is caught.
 #include <cuda_runtime.h>
 #include <gpucoll_emu/api.h>
 
@@ -53,17 +53,47 @@ double value(int r, size_t i, RedOp op) {
   return static_cast<double>(v);
 }
 
-void fill_host(std::vector<char>& buf, DType dt, int r, size_t count, RedOp op) {
-  buf.resize(count * gpucoll::dtype_size(dt));
+// avg on floating types pre-multiplies every input by 1/n (NCCL's ncclAvg), rounding each product: the kernels then
+// sum the products in their own order (ring, tree) and the rounding of an inexact sum would depend on it. So an avg
+// input is k * n, whose product is exactly k (checked here through the host backend's own premul), and every sum of
+// products is an exact small integer in any order.
+void fill_host(std::vector<char>& buf, DType dt, int r, size_t count, RedOp op, int P) {
+  const size_t es = gpucoll::dtype_size(dt);
+  buf.resize(count * es);
+  unsigned char scale[8];
+  const bool pre = op == RedOp::kAvg && gpucoll::host::avg_scalar_bytes(dt, P, scale);
   gpucoll::dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    using A = typename gpucoll::Acc<T>::type;
     T* p = reinterpret_cast<T*>(buf.data());
     for (size_t i = 0; i < count; ++i) {
-      using A = typename gpucoll::Acc<T>::type;
-      p[i] = gpucoll::Acc<T>::store(static_cast<A>(value(r, i, op)));
+      const double k = value(r, i, op);
+      p[i] = gpucoll::Acc<T>::store(static_cast<A>(pre ? k * P : k));
+      T product;
+      if (pre) gpucoll::host::premul_copy(&product, &p[i], 1, dt, scale);
+      if (pre && static_cast<double>(gpucoll::Acc<T>::load(product)) != k) {
+        std::fprintf(stderr, "fill_host: %g * %d times 1/%d is not exactly %g in %s\n", k, P, P, k,
+                     gpucoll::dtype_name(dt));
+        std::exit(2);
+      }
     }
     return 0;
   });
+}
+
+// One element as a number, for failure messages.
+std::string shown(const void* p, DType dt) {
+  double v = 0;
+  gpucoll::dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T x;
+    std::memcpy(&x, p, sizeof(T));
+    v = static_cast<double>(gpucoll::Acc<T>::load(x));
+    return 0;
+  });
+  std::ostringstream s;
+  s << v;
+  return s.str();
 }
 
 struct Case {
@@ -118,7 +148,7 @@ class World {
     std::vector<std::vector<char>> host(P_);
     std::vector<void*> in(P_), out(P_);
     for (int r = 0; r < P_; ++r) {
-      fill_host(host[r], c.dtype, r, c.count, c.op);
+      fill_host(host[r], c.dtype, r, c.count, c.op, P_);
       in[r] = alloc(bytes, c.registered);
       out[r] = c.in_place ? in[r] : alloc(bytes, false);
       char* pin = static_cast<char*>(in[r]) + c.misalign * es;
@@ -145,10 +175,20 @@ class World {
     for (int r = 0; r < P_; ++r) {
       if (comms_[r]->timed_out() != 0) fails.push_back("rank " + std::to_string(r) + " timed out");
     }
-    // The reference: the host backend's reduction of every rank's input, then avg's division.
+    // The reference: the host backend's arithmetic. avg as NCCL's: floating inputs pre-multiplied by 1/n (the host
+    // backend's copy-in), summed, integer sums divided.
     std::vector<char> want(c.count * es);
+    std::vector<std::vector<char>> scaled(P_);
     std::vector<const void*> srcs;
-    for (int r = 0; r < P_; ++r) srcs.push_back(host[r].data());
+    unsigned char scale[8];
+    const bool pre = c.op == RedOp::kAvg && gpucoll::host::avg_scalar_bytes(c.dtype, P_, scale);
+    for (int r = 0; r < P_; ++r) {
+      if (pre) {
+        scaled[r].resize(c.count * es);
+        gpucoll::host::premul_copy(scaled[r].data(), host[r].data(), static_cast<int64_t>(c.count), c.dtype, scale);
+      }
+      srcs.push_back(pre ? scaled[r].data() : host[r].data());
+    }
     gpucoll::host::reduce_multi(want.data(), srcs.data(), P_, false, static_cast<int64_t>(c.count), c.dtype, c.op);
     if (c.op == RedOp::kAvg) gpucoll::host::avg_divide(want.data(), static_cast<int64_t>(c.count), c.dtype, P_);
     std::vector<char> got(bytes);
@@ -165,7 +205,9 @@ class World {
       for (size_t i = 0; i < c.count; ++i) {
         if (std::memcmp(got.data() + (c.misalign + i) * es, want.data() + i * es, es) != 0) {
           fails.push_back("rank " + std::to_string(r) + " element " + std::to_string(i) + " of " +
-                          std::to_string(c.count) + " is wrong");
+                          std::to_string(c.count) + " is wrong: " +
+                          shown(got.data() + (c.misalign + i) * es, c.dtype) + " instead of " +
+                          shown(want.data() + i * es, c.dtype));
           break;
         }
       }
