@@ -97,7 +97,9 @@ def _is_pow2(n: int) -> bool:
 
 def make(dtype: str, op, count: int, rank: int, world: int) -> np.ndarray:
     """Rank `rank`'s input (values; bfloat16 and fp8 as exactly representable float32)."""
-    name = "avg" if isinstance(op, PreMulSum) else op
+    # premul_sum(0.5) takes sum's ranges: half of each exact integer, every partial sum exact (avg's inputs are
+    # world_size times larger, made for avg's own pre-multiplication).
+    name = "sum" if isinstance(op, PreMulSum) else op
     if dtype in FP8:
         rng = np.random.default_rng([rank if name != "avg" or _is_pow2(world) else 0, count, world, len(name)])
         if name == "prod":

@@ -53,6 +53,10 @@ class HostMem:
     def synchronize(self) -> None:
         pass
 
+    def bind(self, comm):
+        """The communicator the run's calls go through (GpucollMem's give every call its stream)."""
+        return comm
+
     def reduce_small(self, comm, arr: np.ndarray, op: str = "sum") -> None:
         """Cross-rank bookkeeping (times, wrong counts, rank info) on a small host array, in place. A
         communicator that reduces host arrays itself (virtual ranks) has host_all_reduce."""
@@ -286,8 +290,9 @@ class _EventTimer:
 class GpucollMem(_DeviceMem):
     """CUDA buffers gpucoll allocates itself (gpucoll.testing.DeviceArray), where neither torch nor CuPy can: on
     gpucoll's emulated CUDA device (a GPUCOLL_CUDA=emulate build), or on a GPU machine with neither installed.
-    Uploads, downloads and copies are queued on the run's stream (a virtual rank's, else the legacy stream, where
-    gpucoll orders operations on these buffers); times are CUDA events on that stream."""
+    Uploads, downloads, copies and every collective run on the run's stream: a virtual rank's, else one of its own
+    (these buffers have no framework whose current stream the backends would follow, and the legacy stream cannot be
+    captured into a graph), which bind() passes as every call's stream=; times are CUDA events on that stream."""
 
     kind = "cuda"
 
@@ -300,7 +305,11 @@ class GpucollMem(_DeviceMem):
         name = devices[self.device]["name"] if self.device < len(devices) else ""
         self.label = f"cuda:{self.device} {name}".rstrip()
         self.emulated = bool(_C.build_info().get("cuda_emulated"))
-        self._stream = stream
+        self._own = _C.CudaStream(self.device) if stream is None else None
+        self._stream = self._own.handle if self._own is not None else stream
+
+    def bind(self, comm):
+        return _OnStream(comm, self._stream) if self._own is not None else comm
 
     def _handle(self) -> int:
         return int(self._stream) if isinstance(self._stream, int) else 0
@@ -353,6 +362,27 @@ class GpucollMem(_DeviceMem):
         finally:
             graph.end()
         return lambda: graph.replay(1)
+
+
+class _OnStream:
+    """A communicator whose collectives run on `stream` unless a call names another."""
+
+    _CALLS = frozenset(("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather",
+                        "scatter", "send", "recv"))
+
+    def __init__(self, comm, stream: int):
+        self._comm, self._stream = comm, stream
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if name not in self._CALLS:
+            return attr
+
+        def call(*args, **kwargs):
+            kwargs.setdefault("stream", self._stream)
+            return attr(*args, **kwargs)
+
+        return call
 
 
 class _GpucollEventTimer:

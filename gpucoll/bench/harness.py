@@ -116,6 +116,7 @@ class _Rank:
         self.bw_sum = {}  # algo -> [sum of busbw, count]
         self.refused: str | None = None  # why gpucoll refused nccl-tests' in-place call (said once)
         self.mem = devmem.for_comm(comm, p.staged)
+        self.comm = self.mem.bind(comm)
         # Two raw byte buffers at the largest size; rows use prefix views of them (nccl-tests allocates once).
         # On a CUDA run these are the host mirrors the plugins fill and check, and *_dev their device twins.
         nbytes = 0

@@ -117,8 +117,9 @@ def _two_devices(comm):
 @pytest.mark.parametrize("p2p", (1, 0))
 def test_p2p_between_emulated_devices_decides_eligibility(p2p, monkeypatch):
     # Two devices, one rank each. With P2P the kernels run across them; without it CUDA IPC between the devices
-    # fails, every rank sees the same P2P matrix, the kernels are declined, and with no NCCL on the emulated device
-    # the call is refused on every rank with the P2P reason.
+    # fails, every rank sees the same P2P matrix, the kernels are declined, and backend="custom" (kernels only) refuses
+    # the call on every rank with the P2P reason. The communicator itself is made: its NCCL (the stand-in) connects
+    # devices without P2P, as NCCL's SHM transport does.
     monkeypatch.setenv("GPUCOLL_EMU_DEVICES", "2")
     monkeypatch.setenv("GPUCOLL_EMU_P2P", str(p2p))
     results = gpucoll.spawn(_two_devices, 2, backend="custom", timeout=120.0)

@@ -133,14 +133,24 @@ def _hang_worker(comm):
     comm.all_reduce(x)
     try:
         comm.all_reduce(x, async_op=True).synchronize()
-        return ["no CollectiveTimeout"]
+        problems = ["no CollectiveTimeout"]
     except CollectiveTimeout as e:
         ok = "all_reduce #2" in str(e) and "every rank had issued operation #2" in str(e)
-        return [] if ok else [f"wrong timeout: {e}"]
+        problems = [] if ok else [f"wrong timeout: {e}"]
+    # Rank 0 serves the rendezvous store, which the other rank's watchdog reads to say who had issued what: it
+    # leaves only when that rank has its error (a file each, not a sleep).
+    done = os.path.join(os.environ["HANG_TEST_DIR"], f"rank{comm.rank}")
+    open(done, "w").close()
+    if comm.rank == 0:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(os.environ["HANG_TEST_DIR"], "rank1")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return problems
 
 
-def test_operation_that_never_arrives_times_out_on_every_rank(monkeypatch):
+def test_operation_that_never_arrives_times_out_on_every_rank(monkeypatch, tmp_path):
     monkeypatch.setenv("NCCL_EMU_FAULT", "hang:op=2:rank=1")
+    monkeypatch.setenv("HANG_TEST_DIR", str(tmp_path))
     assert gpucoll.spawn(_hang_worker, 2, backend="nccl", timeout=3.0) == [[], []]
 
 

@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(bool(_C.build_info().get("cuda_emulated")),
                        reason="torch CUDA tensors need a real GPU (torch cannot allocate on gpucoll's emulated CUDA "
-                              "device), and this backend's GPU path needs NCCL, which the emulated device lacks yet"),
+                              "device)"),
 ]
 
 N_RANKS = 2

@@ -11,7 +11,14 @@ import pytest
 import torch_ranks
 from test_torch_backend_gpu import N_RANKS, _env, _skip_unless_ranks
 
-pytestmark = pytest.mark.gpu
+from gpucoll import _C
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(bool(_C.build_info().get("cuda_emulated")),
+                       reason="torch CUDA tensors need a real GPU (torch cannot allocate on gpucoll's emulated CUDA "
+                              "device)"),
+]
 
 
 def _worker(rank, n, device_type):

@@ -405,8 +405,15 @@ ncclResult_t transport_connect(Comm& c, const std::vector<RankInfo>& all, std::s
     } else if (info.pid == static_cast<int32_t>(::getpid())) {
       c.peer_mailbox[r] = reinterpret_cast<char*>(info.mailbox);  // a rank of this process: its pointer is ours
     } else {
+      // Opened on the mailbox's own device: NCCL without P2P between two GPUs still connects them (through host
+      // memory, its SHM transport), and the stand-in's host functions read the mapping from the host, so the
+      // mapping must not depend on peer access the way a kernel's would.
       void* p = nullptr;
-      const cudaError_t e = cudaIpcOpenMemHandle(&p, info.handle, cudaIpcMemLazyEnablePeerAccess);
+      int current = 0;
+      cudaGetDevice(&current);
+      cudaError_t e = cudaSetDevice(info.device);
+      if (e == cudaSuccess) e = cudaIpcOpenMemHandle(&p, info.handle, cudaIpcMemLazyEnablePeerAccess);
+      cudaSetDevice(current);
       if (e != cudaSuccess) {
         cudaGetLastError();
         *error = "cannot map rank " + std::to_string(r) + "'s mailbox: " + cudaGetErrorString(e);
