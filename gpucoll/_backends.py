@@ -4,9 +4,10 @@ Every rank calls ``build`` together: each backend's set-up is collective."""
 
 from __future__ import annotations
 
+import json
 import socket
 
-from gpucoll.errors import Unsupported
+from gpucoll.errors import InvalidArgument, Unsupported
 
 
 def build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"):
@@ -44,6 +45,31 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
     return kind, impl, selector, chosen
 
 
+# Tests only: called with the name of each step of the host backend's set-up (the kill sweep of
+# tests/reliability/ stops ranks at each). None in normal use.
+_STAGE_HOOK = None
+
+
+def _stage(name: str) -> None:
+    if _STAGE_HOOK is not None:
+        _STAGE_HOOK(name)
+
+
+def _parse_handle(raw: bytes):
+    """The region handle rank 0 published, validated: it came over the network and becomes a /proc path."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        pid, fd, token = doc["pid"], doc["fd"], doc["token"]
+        values = (pid, fd, *token)
+        ok = (len(token) == 2 and all(type(v) is int for v in values) and 0 < pid < 2**31 and 0 <= fd < 2**31
+              and all(0 <= t < 2**64 for t in token))
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise InvalidArgument(f"the rendezvous store holds a malformed host-backend region handle: {raw[:200]!r}")
+    return pid, fd, token[0], token[1]
+
+
 def _init_host(launch, store, timeout: float):
     from gpucoll import _C
 
@@ -52,20 +78,30 @@ def _init_host(launch, store, timeout: float):
     generation = (store.add("gpucoll/host/count", 1) - 1) // launch.world_size
     prefix = f"gpucoll/host/{generation}/"
     store.set(f"{prefix}hostname/{launch.rank}", host.encode())
+    _stage("registered")
     if launch.rank == 0:
         for r in range(1, launch.world_size):
             other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
             if other != host:
-                store.set(f"{prefix}shm", b"")
+                store.set(f"{prefix}region", b"")
                 raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
                                   f"rank 0 on {host!r}")
-        name = _C.HostComm.make_name()
-        impl = _C.HostComm(0, launch.world_size, float(timeout), name, True)
-        store.set(f"{prefix}shm", name.encode())
+        impl = _C.HostComm(0, launch.world_size, float(timeout))
+        _stage("created")
+        pid, fd, t0, t1 = impl.handle
+        store.set(f"{prefix}region", json.dumps({"pid": pid, "fd": fd, "token": [t0, t1]}).encode())
     else:
-        name = store.get(f"{prefix}shm", timeout=timeout).decode()
-        if not name:
+        raw = store.get(f"{prefix}region", timeout=timeout)
+        if not raw:
             raise Unsupported("the host backend needs every rank on one machine (rank 0 found ranks on other hosts)")
-        impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), name, False)
+        impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), _parse_handle(raw))
+    _stage("attached")
+    # Every rank attached before rank 0 lets go of the region's descriptor. Through the store where it has a
+    # barrier: gpucoll's server notices a rank whose connection closed (it died) and names it at once;
+    # wait_attached then only confirms (and is the whole wait over a store without one).
+    barrier = getattr(store, "barrier", None)
+    if barrier is not None:
+        barrier(f"{prefix}attached", launch.world_size, timeout=timeout, rank=launch.rank)
     impl.wait_attached()
+    _stage("ready")
     return impl

@@ -398,7 +398,8 @@ class Communicator:
         nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
-        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size)
+        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size,
+                       algo is None or algo == "auto")
         return None
 
     def _run_custom(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op):

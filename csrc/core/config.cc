@@ -34,8 +34,9 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_LOCAL_SIZE", VarType::kInt, "0",
        "Ranks per (virtual) node for hierarchical algorithms; 0 means all ranks of the host form one node."},
       {"GPUCOLL_DEBUG_CHECKS", VarType::kBool, "0",
-       "Ranks compare (collective, dtype, count, root, op) before each operation and raise the same error on "
-       "every rank on a mismatch."},
+       "Explicit cross-rank call checks for backends whose own synchronisation cannot carry them (NCCL; not "
+       "implemented there yet). The host backend compares every collective call across ranks always, within its "
+       "first step, whatever this says."},
       {"GPUCOLL_HOST_BUFFER_BYTES", VarType::kBytes, "16M",
        "Shared-memory work buffer per rank of the host backend, used as two halves by alternate pieces; "
        "messages larger than a half are processed in pieces."},
