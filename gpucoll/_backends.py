@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import socket
 
-from gpucoll.errors import InvalidArgument, Unsupported
+from gpucoll.bootstrap._server import pid_exited
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
 
 def build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"):
@@ -15,6 +16,7 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
     The store is closed again if the backend cannot be built."""
     from gpucoll import _C, _custom_backend, config
 
+    _stage("build")
     _C.set_log_rank(launch.rank)
     chosen = (requested == "auto" and kind == "nccl" and not config.get("GPUCOLL_BACKEND").strip()
               and _custom_backend.takes_auto(launch.world_size))
@@ -40,7 +42,13 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
         else:
             impl = _init_host(launch, store, timeout)
     except BaseException:
-        store.close()
+        # Ranks still waiting for this one's keys learn at once, and rank 0's server stays up a little for the
+        # ones that have not connected yet (gpucoll's store; others only close).
+        abandon = getattr(store, "abandon", None)
+        if abandon is not None:
+            abandon(launch.world_size)
+        else:
+            store.close()
         raise
     return kind, impl, selector, chosen
 
@@ -82,6 +90,8 @@ def _init_host(launch, store, timeout: float):
     if launch.rank == 0:
         for r in range(1, launch.world_size):
             other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
+            if r == launch.world_size - 1:
+                _stage("met")  # every rank has reached the store
             if other != host:
                 store.set(f"{prefix}region", b"")
                 raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
@@ -94,7 +104,14 @@ def _init_host(launch, store, timeout: float):
         raw = store.get(f"{prefix}region", timeout=timeout)
         if not raw:
             raise Unsupported("the host backend needs every rank on one machine (rank 0 found ranks on other hosts)")
-        impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), _parse_handle(raw))
+        handle = _parse_handle(raw)
+        try:
+            impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), handle)
+        except SystemError:
+            if pid_exited(handle[0]):
+                raise CollectiveTimeout(f"rank 0 exited before this rank could attach to the host backend's region "
+                                        f"(its process {handle[0]} is gone)", ranks=(0,)) from None
+            raise
     _stage("attached")
     # Every rank attached before rank 0 lets go of the region's descriptor. Through the store where it has a
     # barrier: gpucoll's server notices a rank whose connection closed (it died) and names it at once;

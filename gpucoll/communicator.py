@@ -455,7 +455,7 @@ class Communicator:
 def init(rank: int | None = None, world_size: int | None = None, *, backend: str = "auto",
          address: str | None = None, port: int | None = None, timeout: float = 300.0,
          local_size: int | None = None, device=None, local_rank: int | None = None, from_torch=None,
-         mpi_comm=None) -> Communicator:
+         mpi_comm=None, secret: str | bytes | None = None) -> Communicator:
     """Create this rank's communicator. Missing values come from the launcher's environment (torchrun,
     Open MPI, MPICH/PMI, Slurm); rank 0 hosts the rendezvous store at address:port.
 
@@ -469,7 +469,11 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
     LOCAL_RANK or the launcher's equivalent); `timeout` also bounds NCCL's init and every collective.
 
     from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
-    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store)."""
+    torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store).
+
+    `secret` is the job's secret for gpucoll's rendezvous store, the same on every rank (else
+    GPUCOLL_STORE_SECRET): only connections that prove they know it are served. mpi_comm= makes one on rank 0 and
+    sends it over MPI; torch's store (from_torch=) has no authentication of its own."""
     from gpucoll.bootstrap import TCPStore, detect_launch
 
     kind, local_size = _check_common(backend, timeout, local_size, device)
@@ -488,7 +492,8 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
             launch, store = external.from_mpi(mpi_comm, timeout, local_rank)
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
-        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
+        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout, secret=secret,
+                         rank=launch.rank)
     return _build(launch, store, kind, timeout, local_size, device, backend)
 
 

@@ -161,8 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw busbw and time vs size (needs matplotlib)")
     p.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
                    help="exit status 1 when the average busbw (GB/s) is below this")
-    p.add_argument("--compare", choices=("gloo", "torch", "nccl"), default=None,
-                   help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll")
+    p.add_argument("--compare", choices=("gloo", "torch", "nccl", "unchecked"), default=None,
+                   help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll. "
+                        "'unchecked' (host backend; for measuring the cross-rank call check only): the same calls "
+                        "with the check off, alternating with the check on in the same ranks, medians of 5 each")
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
                    help="seconds a collective may wait for peers before failing")
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element
@@ -441,6 +443,14 @@ PROGRESS_MIN_ROWS = 4
 def _peer(p: Params, n: int) -> None:
     """--compare: measure the peer now (same sizes and ranks) into p.peer_times; UsageError when it cannot run."""
     if not p.compare:
+        return
+    if p.compare == "unchecked":
+        if p.backend != "host":
+            raise UsageError("--compare unchecked measures the host backend's cross-rank call check; use "
+                             "--backend host")
+        p.notes.append("--compare unchecked: the peer column is the same call with the cross-rank call check off "
+                       "(a benchmark-only switch; never off in normal use), timed alternately with it on in the "
+                       "same ranks: medians of 5 out-of-place timings each; ratio = unchecked / checked")
         return
     from gpucoll.bench import peers
 

@@ -63,7 +63,8 @@ def launcher_comm(p, info):
                               timeout=timedelta(seconds=p.timeout))
         _LAUNCH_STORES.append(TorchStore(agent, p.timeout))
     if not _LAUNCH_STORES:
-        _LAUNCH_STORES.append(TCPStore(info.address, info.port, is_server=info.rank == 0, timeout=p.timeout))
+        _LAUNCH_STORES.append(TCPStore(info.address, info.port, is_server=info.rank == 0, timeout=p.timeout,
+                                       rank=info.rank))
     return init_from_store(_SharedStore(_LAUNCH_STORES[0]), info.rank, info.world_size, backend=p.backend,
                            timeout=p.timeout)
 

@@ -19,7 +19,7 @@ import socket
 import sys
 
 from gpucoll.bootstrap.env import LaunchInfo
-from gpucoll.bootstrap.store import TCPStore
+from gpucoll.bootstrap.store import TCPStore, new_secret
 from gpucoll.errors import CollectiveTimeout, InvalidArgument
 
 __all__ = ["TorchStore", "from_mpi", "from_torch"]
@@ -138,19 +138,22 @@ def from_mpi(comm, timeout: float, local_rank: int | None = None):
     hosts = comm.allgather(socket.gethostname())
     one_host = len(set(hosts)) == 1
     if rank == 0:
-        # Bind where the other ranks can reach: loopback on one host, every interface otherwise.
+        # Bind where the other ranks can reach: loopback on one host, every interface otherwise. The job's secret
+        # is made here and travels over MPI, which the ranks already trust.
         try:
-            store = TCPStore("127.0.0.1" if one_host else "0.0.0.0", 0, is_server=True, timeout=timeout)
-            where = ("127.0.0.1" if one_host else hosts[0], store.port, "")
+            secret = new_secret()
+            store = TCPStore("127.0.0.1" if one_host else "0.0.0.0", 0, is_server=True, timeout=timeout,
+                             secret=secret, rank=0)
+            where = ("127.0.0.1" if one_host else hosts[0], store.port, "", secret)
         except Exception as e:  # the other ranks must hear about it, or they wait forever
-            comm.bcast((None, 0, f"{type(e).__name__}: {e}"), root=0)
+            comm.bcast((None, 0, f"{type(e).__name__}: {e}", None), root=0)
             raise
         comm.bcast(where, root=0)
     else:
-        address, port, error = comm.bcast(None, root=0)
+        address, port, error, secret = comm.bcast(None, root=0)
         if error:
             raise InvalidArgument(f"rank 0 could not start the rendezvous store: {error}")
-        store = TCPStore(address, port, is_server=False, timeout=timeout)
+        store = TCPStore(address, port, is_server=False, timeout=timeout, secret=secret, rank=rank)
     # Ranks on this host, in rank order, give the local rank (what an MPI launcher's variables would say).
     mine = hosts[rank]
     local_ranks = [r for r, h in enumerate(hosts) if h == mine]
