@@ -142,7 +142,7 @@ class Server:
         self._ranks: dict = {}  # rank -> live registered connections
         self._suspects: dict = {}  # rank -> (pid or None, local, since): closed without a goodbye
         self._lost: dict = {}  # rank -> why
-        self._seen: set = set()  # ranks that ever registered
+        self._told: set = set()  # ranks sent a lost reply, or gone (no live connection left)
         self._buffered = 0
         self._warned: dict = {}  # message kind -> (last time, warnings skipped since): the rate limit
         self._dropped: dict = {}  # kind -> connections dropped for it
@@ -364,7 +364,7 @@ class Server:
         self._buffered -= len(conn.wbuf)
         conn.rbuf, conn.wbuf = bytearray(), bytearray()
         if conn.waiter is not None:
-            conn.waiter.done = True
+            self._unpark(conn.waiter)
             conn.waiter = None
         if conn.rank is not None:
             live = self._ranks.get(conn.rank)
@@ -372,6 +372,7 @@ class Server:
                 live.discard(conn)
                 if not live:
                     del self._ranks[conn.rank]
+                    self._told.add(conn.rank)
                     if not conn.clean and not self._closed:
                         self._suspects[conn.rank] = (conn.pid, conn.local, time.monotonic())
                         self._judge_suspects(time.monotonic())
@@ -395,7 +396,12 @@ class Server:
         self._lost[rank] = why
         for waiter in [wt for ws in self._waiters_by_key.values() for wt in ws]:
             if not waiter.done:
-                self._finish(waiter, self._lost_reply())
+                self._finish(waiter, self._tell_lost(waiter.conn))
+
+    def _tell_lost(self, conn: _Conn) -> bytes:
+        if conn.rank is not None:
+            self._told.add(conn.rank)
+        return self._lost_reply()
 
     def _lost_reply(self) -> bytes:
         out = w._Writer().u8(w._ST_LOST).u32(len(self._lost))
@@ -456,7 +462,6 @@ class Server:
             conn.rank, conn.pid = rank, pid
             conn.local = bool(identity) and identity == self._identity
             self._ranks.setdefault(rank, set()).add(conn)
-            self._seen.add(rank)
             self._suspects.pop(rank, None)
             out.u8(w._ST_OK)
         elif op == w._OP_BYE:
@@ -472,11 +477,15 @@ class Server:
 
     def _park(self, conn: _Conn, op: int, keys: list, timeout: float) -> bytes | None:
         if self._lost:
-            return self._lost_reply()  # whoever would set the key may be the rank that is gone
+            return self._tell_lost(conn)  # whoever would set the key may be the rank that is gone
         waiter = _Waiter(conn, op, keys, time.monotonic() + timeout)
         conn.waiter = waiter
         for k in keys:
             self._waiters_by_key.setdefault(k, []).append(waiter)
+        if len(self._deadlines) > 1024 + 4 * len(self._conns):
+            # Answered waits stay in the heap until their deadline (lazy deletion); long timeouts would pile up.
+            self._deadlines = [e for e in self._deadlines if not e[1].done]
+            heapq.heapify(self._deadlines)
         heapq.heappush(self._deadlines, (waiter.deadline, waiter))
         return None
 
@@ -492,7 +501,7 @@ class Server:
             elif all(k in self._data for k in waiter.keys):
                 self._finish(waiter, w._Writer().u8(w._ST_OK).frame())
 
-    def _finish(self, waiter: _Waiter, reply: bytes) -> None:
+    def _unpark(self, waiter: _Waiter) -> None:
         waiter.done = True
         for k in waiter.keys:
             ws = self._waiters_by_key.get(k)
@@ -500,6 +509,9 @@ class Server:
                 ws[:] = [x for x in ws if x is not waiter]
                 if not ws:
                     del self._waiters_by_key[k]
+
+    def _finish(self, waiter: _Waiter, reply: bytes) -> None:
+        self._unpark(waiter)
         conn = waiter.conn
         if conn.closed:
             return
@@ -539,11 +551,12 @@ class Server:
 
     # -- shutdown -------------------------------------------------------------------------------------------------
     def linger(self, world_size: int, seconds: float) -> None:
-        """Keeps serving until every rank of [0, world_size) has registered or is lost, at most `seconds`: a rank
-        that connects late still learns why the job failed (who was lost), instead of finding nobody listening."""
+        """Keeps serving, at most `seconds`, until every rank of [0, world_size) is lost, has been told who was, or
+        has gone: a rank that is slow to connect or to ask still learns why the job failed (who was lost),
+        instead of finding nobody listening."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self._closed and self._thread.is_alive():
-            if set(range(world_size)) <= self._seen | set(self._lost):
+            if set(range(world_size)) <= self._told | set(self._lost):
                 return
             time.sleep(0.02)
 

@@ -262,7 +262,7 @@ def test_store_serves_the_job_during_attack(rig, name):
     assert not errors, errors[:5]
     assert latencies, "the job made no round trip during the attack"
     assert after["conns"] == before["conns"], (before, after)
-    assert after["buffered"] == 0 and not after["lost"], after
+    assert after["buffered"] < 1024 and not after["lost"], after  # at most a job request or reply in flight
     # Unauthenticated peers get the 37-byte challenge and nothing else: no attack grows the server by more than
     # its buffer cap (members) plus slack for the interpreter's own allocations.
     cap = LIMITS["max_buffered"] if name == "oversize-members" else 0

@@ -136,7 +136,8 @@ int main() {
 
 
 def _nccl_include() -> Path | None:
-    spec = importlib.util.find_spec("nvidia.nccl")
+    # find_spec of a submodule imports its parent: without any nvidia-* wheel that raises instead of returning None.
+    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") is not None else None
     for d in (spec.submodule_search_locations or []) if spec is not None else []:
         if (Path(d) / "include" / "nccl.h").is_file():
             return Path(d) / "include"

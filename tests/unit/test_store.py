@@ -335,6 +335,45 @@ def test_malformed_frames_of_a_member_drop_only_that_connection(server, capfd):
     assert not server.check("k")  # the junk SET with trailing bytes was not applied
 
 
+# -- liveness of registered ranks -----------------------------------------------------------------------------------
+
+def _registered_then_sleep(port, rank):
+    s = TCPStore(HOST, port, is_server=False, timeout=5, rank=rank)
+    s.set(f"up/{rank}", b"1")
+    time.sleep(60)
+
+
+def test_a_registered_rank_that_dies_is_named_at_once(server):
+    p = mp.get_context("spawn").Process(target=_registered_then_sleep, args=(server.port, 3), daemon=True)
+    p.start()
+    try:
+        server.get("up/3", timeout=30)
+        threading.Timer(0.2, os.kill, args=(p.pid, 9)).start()
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as e:
+            server.get("never", timeout=30)
+        assert time.monotonic() - t0 < 5, "named only at the timeout"
+        assert e.value.ranks == (3,) and "rank 3 left the job" in str(e.value) and "has exited" in str(e.value)
+        with pytest.raises(CollectiveTimeout, match="rank 3"):  # later waits too, at once
+            server.wait(["never"], timeout=30)
+        assert server.get("up/3") == b"1"  # what is there is still served
+    finally:
+        p.kill()
+        p.join()
+
+
+def test_clean_close_is_not_a_death_but_abandon_is(server):
+    TCPStore(HOST, server.port, is_server=False, timeout=5, rank=1).close()
+    with pytest.raises(CollectiveTimeout) as e:
+        server.get("never", timeout=0.5)
+    assert e.value.ranks == ()  # an ordinary timeout
+    TCPStore(HOST, server.port, is_server=False, timeout=5, rank=2).abandon()
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="rank 2 left the job: it gave up after an error") as e:
+        server.get("never", timeout=30)
+    assert e.value.ranks == (2,) and time.monotonic() - t0 < 5
+
+
 # -- binding and shutdown ------------------------------------------------------------------------------------------
 
 def test_binds_only_to_the_given_address(server):

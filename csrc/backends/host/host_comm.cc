@@ -198,11 +198,15 @@ void HostComm::post_sig(const algo::CallSig& sig) {
   if (call_check_) ctl(opt_.rank)->sig[op_seq_ & 1] = sig;
 }
 
-void HostComm::check_arrivals(const algo::CallSig& sig) {
+void HostComm::wait_all_arrived() {
   for (int q = 0; q < opt_.nranks; ++q) {
     if (q != opt_.rank) wait_done(q, done_);
   }
-  if (!call_check_) return;
+}
+
+void HostComm::check_arrivals(const algo::CallSig& sig) {
+  if (!call_check_) return;  // (benchmarks only) the schedule's own waits follow
+  wait_all_arrived();
   // The signatures were written before the steps just waited for were published (release/acquire).
   const size_t slot = op_seq_ & 1;
   bool same = true;
@@ -408,6 +412,7 @@ void HostComm::barrier() {
   try {
     post_sig(sig);
     complete_sync_step();
+    wait_all_arrived();
     check_arrivals(sig);
   } catch (const CallMismatch&) {
     throw;

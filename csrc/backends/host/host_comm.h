@@ -135,9 +135,11 @@ class HostComm {
   void begin_op(const char* what);
   // Writes this rank's signature of the current collective (before the step that publishes it).
   void post_sig(const algo::CallSig& sig);
-  // After this rank's first step of a collective: waits for every rank's, then compares the signatures (when
-  // the check is on). Raises CallMismatch (an InvalidArgument) on every rank alike.
+  // After this rank's first step of a collective: waits for every rank's, then compares the signatures. Raises
+  // CallMismatch (an InvalidArgument) on every rank alike. Does nothing with the check off (benchmarks only).
   void check_arrivals(const algo::CallSig& sig);
+  // Waits until every rank has completed as many steps as this one.
+  void wait_all_arrived();
   // Waits until rank `peer` has completed `target` steps; raises a timeout or remote error instead of hanging.
   void wait_done(int peer, uint32_t target);
   // Starts a batch of sends and receives: numbered apart from the collectives, which it must not disturb.
