@@ -475,6 +475,7 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
     GPUCOLL_STORE_SECRET): only connections that prove they know it are served. mpi_comm= makes one on rank 0 and
     sends it over MPI; torch's store (from_torch=) has no authentication of its own."""
     from gpucoll.bootstrap import TCPStore, detect_launch
+    from gpucoll.bootstrap.store import solo_secret
 
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if from_torch is not None or mpi_comm is not None:
@@ -492,8 +493,8 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
             launch, store = external.from_mpi(mpi_comm, timeout, local_rank)
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
-        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout, secret=secret,
-                         rank=launch.rank)
+        store = TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout,
+                         secret=solo_secret(launch.world_size, secret), rank=launch.rank)
     return _build(launch, store, kind, timeout, local_size, device, backend)
 
 

@@ -3,7 +3,6 @@
 * tests/ goes on sys.path, so test modules can `import helpers`. gpucoll.spawn starts workers with
   multiprocessing's "spawn" method, which ships the parent's sys.path to the children: functions defined at
   module level in a test file (and helpers) are importable there too.
-* GPUCOLL_STORE_SECRET is set for the session (tests build rendezvous stores of their own).
 * `@pytest.mark.gpu` tests (the marker is registered in pyproject.toml) are skipped with the reason when no CUDA
   GPU is usable. The decision uses gpucoll._C.cuda_probe() and never imports torch or CuPy, which would be slow
   and could initialise CUDA in the pytest process before workers fork or spawn.
@@ -11,8 +10,6 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 import sys
 from pathlib import Path
 
@@ -21,10 +18,6 @@ import pytest
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
-
-# A job secret for the rendezvous stores that tests build themselves (gpucoll.spawn makes its own for its workers);
-# tests of the secret's absence remove it with monkeypatch.
-os.environ.setdefault("GPUCOLL_STORE_SECRET", secrets.token_hex(32))
 
 
 def _gpu_unusable_reason():

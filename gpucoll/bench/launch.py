@@ -48,6 +48,7 @@ _LAUNCH_STORES: list = []  # the real store of this process's launcher run (at m
 
 def launcher_comm(p, info):
     from gpucoll.bootstrap import TCPStore
+    from gpucoll.bootstrap.store import solo_secret
     from gpucoll.communicator import init_from_store
 
     if not _LAUNCH_STORES and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
@@ -64,7 +65,7 @@ def launcher_comm(p, info):
         _LAUNCH_STORES.append(TorchStore(agent, p.timeout))
     if not _LAUNCH_STORES:
         _LAUNCH_STORES.append(TCPStore(info.address, info.port, is_server=info.rank == 0, timeout=p.timeout,
-                                       rank=info.rank))
+                                       secret=solo_secret(info.world_size), rank=info.rank))
     return init_from_store(_SharedStore(_LAUNCH_STORES[0]), info.rank, info.world_size, backend=p.backend,
                            timeout=p.timeout)
 

@@ -51,7 +51,7 @@ from gpucoll.bootstrap._wire import (
 )
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
 
-__all__ = ["MAGIC", "MAX_FRAME", "TCPStore", "job_secret", "new_secret"]
+__all__ = ["MAGIC", "MAX_FRAME", "TCPStore", "job_secret", "new_secret", "solo_secret"]
 
 _BARRIER_PREFIX = "__gpucoll_barrier__/"
 _HOW_TO = ("set GPUCOLL_STORE_SECRET to the same random value on every rank (e.g. export GPUCOLL_STORE_SECRET="
@@ -72,6 +72,16 @@ def _warn(message: str) -> None:
 def new_secret() -> str:
     """A fresh job secret: 32 random bytes in hex."""
     return secrets.token_hex(32)
+
+
+def solo_secret(world_size: int, secret=None):
+    """`secret`; for a one-rank job with none given or configured, a fresh one (nobody else is to connect)."""
+    if secret is None and world_size == 1:
+        from gpucoll import config
+
+        if not config.is_set("GPUCOLL_STORE_SECRET"):
+            return new_secret()
+    return secret
 
 
 def job_secret(secret=None) -> bytes:

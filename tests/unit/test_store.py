@@ -18,6 +18,12 @@ from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Rem
 HOST = "127.0.0.1"
 
 
+@pytest.fixture(autouse=True)
+def _job_secret(monkeypatch):
+    """Every store of these tests belongs to one job: its secret is in the environment, as a launcher puts it."""
+    monkeypatch.setenv("GPUCOLL_STORE_SECRET", "unit-test-secret-0123456789abcdef")
+
+
 @pytest.fixture
 def server():
     store = TCPStore(HOST, 0, is_server=True, timeout=5.0)
