@@ -31,7 +31,7 @@ COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "a
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 SPLIT = ("reduce_scatter", "all_to_all", "scatter")  # x holds world_size blocks
-KINDS = ("count", "dtype", "op", "root", "collective", "algorithm", "auto", "skip", "barrier", "empty")
+KINDS = ("count", "dtype", "op", "premul", "root", "collective", "algorithm", "auto", "skip", "barrier", "empty")
 TIMEOUT = 30.0  # a mismatch the check missed shows as a hang turned timeout, not as a stuck test
 FAST = 5.0  # a caught mismatch raises well within this
 N = 7  # elements per (per-rank) block in the mismatched calls
@@ -118,6 +118,9 @@ def mismatched(comm, kind, coll):
         return lambda: call(comm, coll, dtype=np.float64 if r == 1 else np.int64)
     if kind == "op":
         return (lambda: call(comm, coll, op="max" if r == 0 else "sum")) if coll in REDUCING else None
+    if kind == "premul":
+        # premul_sum(1) is a sum in value, but not the same call: ranks must agree on premul_sum as on any op.
+        return (lambda: call(comm, coll, op=gpucoll.premul_sum(1) if r == 0 else "sum")) if coll in REDUCING else None
     if kind == "root":
         return (lambda: call(comm, coll, root=0 if r == 0 else 1)) if coll in ROOTED else None
     if kind == "collective":
@@ -276,7 +279,7 @@ def test_every_mismatch_raises_the_same_error_on_every_rank(report):
 def test_messages_name_the_difference(report):
     _, per_rank, _ = report
     cases = per_rank[0]["cases"]
-    words = {"count": "count", "dtype": "dtype", "op": "op", "root": "root", "collective": "collective",
+    words = {"count": "count", "dtype": "dtype", "op": "op", "premul": "premul_sum", "root": "root", "collective": "collective",
              "algorithm": "algorithm", "auto": "by auto", "skip": "barrier()", "barrier": "barrier()",
              "empty": "count=0"}
     missing = [case for case, o in cases.items() if words[case.split("/")[0]] not in o[1]]
