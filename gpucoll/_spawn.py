@@ -84,6 +84,11 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         from gpucoll._custom_backend import spawn_plan as custom_plan
 
         backend, worker_env = custom_plan(nranks)
+    # The job's secret for its rendezvous store: fresh for every spawn, in the workers' environment only (a
+    # communicator they create later over the same store finds it there too).
+    from gpucoll.bootstrap.store import new_secret
+
+    worker_env = {**worker_env, "GPUCOLL_STORE_SECRET": new_secret()}
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()
     port = free_port()

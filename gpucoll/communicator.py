@@ -399,7 +399,8 @@ class Communicator:
         nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
-        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size, premul)
+        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size, premul,
+                       algo is None or algo == "auto")
         return None
 
     def _run_custom(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op):
@@ -468,7 +469,7 @@ class Communicator:
 def init(rank: int | None = None, world_size: int | None = None, *, backend: str = "auto",
          address: str | None = None, port: int | None = None, timeout: float = 300.0,
          local_size: int | None = None, device=None, local_rank: int | None = None, from_torch=None,
-         mpi_comm=None) -> Communicator:
+         mpi_comm=None, secret: str | bytes | None = None) -> Communicator:
     """Create this rank's communicator. Missing values come from the launcher's environment (torchrun,
     Open MPI, MPICH/PMI, Slurm); rank 0 hosts the rendezvous store at address:port.
 
@@ -483,7 +484,11 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
 
     from_torch=process_group (or True for the default group) takes rank, size and store from an initialised
     torch.distributed group; mpi_comm=comm takes them from an mpi4py communicator (rank 0 serves the store).
-    Under torchrun the ranks meet through the store its agent already serves (MASTER_ADDR:MASTER_PORT)."""
+    Under torchrun the ranks meet through the store its agent already serves (MASTER_ADDR:MASTER_PORT).
+
+    `secret` is the job's secret for gpucoll's rendezvous store, the same on every rank (else
+    GPUCOLL_STORE_SECRET): only connections that prove they know it are served. mpi_comm= makes one on rank 0 and
+    sends it over MPI; torch's stores (from_torch=, torchrun's agent store) have no authentication of their own."""
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if from_torch is not None or mpi_comm is not None:
         given = [n for n, v in (("rank", rank), ("world_size", world_size), ("address", address), ("port", port),
@@ -498,7 +503,7 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
             launch, store = external.from_mpi(mpi_comm, timeout, local_rank)
     else:
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
-        store = external.launcher_store(launch, timeout)
+        store = external.launcher_store(launch, timeout, secret)
     return _build(launch, store, kind, timeout, local_size, device, backend)
 
 

@@ -323,3 +323,25 @@ def still_works(comm) -> str:
         return f"a correct all_reduce raised {type(exc).__name__}: {exc}"
     want = np.arange(5, dtype=np.int64) * W + W * (W - 1) // 2
     return "" if np.array_equal(x, want) else f"a correct all_reduce gave {x.tolist()}, expected {want.tolist()}"
+
+
+# -- the rendezvous store's wire, for hostile-peer tests ---------------------------------------------------------
+
+def store_socket(port: int, secret: str | bytes | None = None, host: str = "127.0.0.1", timeout: float = 5.0):
+    """A raw socket to a gpucoll store at port, through its handshake with `secret` (None: the session's
+    GPUCOLL_STORE_SECRET): what a job member could send next is up to the test."""
+    import secrets
+    import socket
+
+    from gpucoll.bootstrap import _wire as w
+    from gpucoll.bootstrap.store import job_secret
+
+    key = w.derive_key(job_secret(secret))
+    s = socket.create_connection((host, port), timeout=timeout)
+    hello = w._recv_exact(s, w.HELLO_BYTES)
+    nonce = secrets.token_bytes(w.NONCE_BYTES)
+    s.sendall(w.HELLO_MAGIC + nonce + w.client_mac(key, hello[5:], nonce))
+    verdict = w._recv_exact(s, 1 + w.MAC_BYTES)
+    if verdict[:1] != bytes([w.AUTH_OK]):
+        raise ConnectionError(f"the store refused the handshake: {verdict[:1]!r}")
+    return s

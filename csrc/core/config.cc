@@ -35,8 +35,14 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_LOCAL_SIZE", VarType::kInt, "0",
        "Ranks per (virtual) node for hierarchical algorithms; 0 means all ranks of the host form one node."},
       {"GPUCOLL_DEBUG_CHECKS", VarType::kBool, "0",
-       "Ranks compare (collective, dtype, count, root, op) before each operation and raise the same error on "
-       "every rank on a mismatch."},
+       "Explicit cross-rank call checks for backends whose own synchronisation cannot carry them (NCCL; not "
+       "implemented there yet). The host backend compares every collective call across ranks always, within its "
+       "first step, whatever this says."},
+      {"GPUCOLL_STORE_SECRET", VarType::kSecret, "",
+       "The job's secret for gpucoll's rendezvous store: every connection proves it knows it (HMAC "
+       "challenge-response; it never travels). The same random value (16 bytes at least; 32 random bytes in hex "
+       "are best) on every rank. gpucoll.spawn and init(mpi_comm=...) make one themselves; under a launcher set "
+       "it in the job's environment. Not used over torch.distributed's store (torchrun's agent)."},
       {"GPUCOLL_HOST_BUFFER_BYTES", VarType::kBytes, "16M",
        "Shared-memory work buffer per rank of the host backend, used as two halves by alternate pieces; "
        "messages larger than a half are processed in pieces."},
@@ -98,6 +104,8 @@ const char* var_type_name(VarType t) {
       return "float";
     case VarType::kString:
       return "string";
+    case VarType::kSecret:
+      return "secret";
   }
   return "?";
 }

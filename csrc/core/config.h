@@ -13,7 +13,8 @@
 
 namespace gpucoll {
 
-enum class VarType { kBool, kInt, kBytes, kFloat, kString };
+// kSecret: a string whose value is never shown (`python -m gpucoll info` says only whether it is set).
+enum class VarType { kBool, kInt, kBytes, kFloat, kString, kSecret };
 
 struct ConfigVar {
   const char* name;

@@ -39,7 +39,8 @@ void bind_core(py::module_& m) {
       d["type"] = var_type_name(v.type);
       d["default"] = v.default_value;
       d["description"] = v.description;
-      d["value"] = config_raw(v.name);
+      d["value"] = v.type == VarType::kSecret ? std::string(config_is_set(v.name) ? "(hidden)" : "")
+                                              : config_raw(v.name);
       d["is_set"] = config_is_set(v.name);
       out.append(d);
     }

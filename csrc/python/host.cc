@@ -1,6 +1,7 @@
-#include <optional>
-
 #include <pybind11/stl.h>
+
+#include <optional>
+#include <tuple>
 
 #include "algo/registry.h"
 #include "backends/host/host_comm.h"
@@ -28,7 +29,9 @@ void bind_host(py::module_& m) {
       "The bytes of 1/nranks in dtype as avg pre-multiplies floating inputs by it (NCCL's ncclAvg); None for "
       "integer dtypes, whose avg divides the sum.");
   py::class_<HostComm>(m, "HostComm")
-      .def(py::init([](int rank, int nranks, double timeout_s, const std::string& name, bool create) {
+      // handle=None creates the region (rank 0); otherwise (pid, fd, token0, token1) from the creator's `handle`.
+      .def(py::init([](int rank, int nranks, double timeout_s,
+                       std::optional<std::tuple<int64_t, int64_t, uint64_t, uint64_t>> handle) {
              host::HostOptions o;
              o.rank = rank;
              o.nranks = nranks;
@@ -36,17 +39,23 @@ void bind_host(py::module_& m) {
              o.buffer_bytes = config_bytes("GPUCOLL_HOST_BUFFER_BYTES");
              o.segment_bytes = config_bytes("GPUCOLL_HOST_SEGMENT_BYTES");
              o.spin_us = config_int("GPUCOLL_HOST_SPIN_US");
-             o.debug_checks = config_bool("GPUCOLL_DEBUG_CHECKS");
-             return new HostComm(o, name, create);
+             if (!handle) return new HostComm(o, nullptr);
+             host::ShmHandle h;
+             std::tie(h.pid, h.fd, h.token[0], h.token[1]) = *handle;
+             return new HostComm(o, &h);
            }),
-           py::arg("rank"), py::arg("nranks"), py::arg("timeout_s"), py::arg("shm_name"), py::arg("create"),
+           py::arg("rank"), py::arg("nranks"), py::arg("timeout_s"), py::arg("handle") = py::none(),
            py::call_guard<py::gil_scoped_release>())
-      .def_static("make_name", &host::ShmRegion::make_name)
+      .def_property_readonly("handle",
+                             [](const HostComm& c) {
+                               const host::ShmHandle h = c.handle();
+                               return std::make_tuple(h.pid, h.fd, h.token[0], h.token[1]);
+                             })
       .def("wait_attached", &HostComm::wait_attached, py::call_guard<py::gil_scoped_release>())
       .def(
           "run",
           [](HostComm& c, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out, int64_t count,
-             DType dtype, RedOp op, int root, int local_size, std::optional<double> premul) {
+             DType dtype, RedOp op, int root, int local_size, std::optional<double> premul, bool auto_algo) {
             const algo::Algorithm* a = algo::find_algorithm(algo_name);
             if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
             if (dtype_is_fp8(dtype)) {
@@ -64,11 +73,12 @@ void bind_host(py::module_& m) {
             args.premul_scalar = premul.value_or(1.0);
             args.root = root;
             args.local_size = local_size;
+            args.auto_algo = auto_algo;
             c.run(args, *a);
           },
           py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
-          py::arg("premul") = py::none(), py::call_guard<py::gil_scoped_release>())
+          py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::call_guard<py::gil_scoped_release>())
       .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def(
           "p2p",
@@ -88,6 +98,9 @@ void bind_host(py::module_& m) {
           },
           py::arg("ops"))
       .def("close", &HostComm::close)
+      // Benchmarks and tests only (gpucoll-bench --compare unchecked): every rank between the same two calls.
+      .def("_set_call_check", &HostComm::set_call_check, py::arg("on"))
+      .def_property_readonly("call_check", &HostComm::call_check)
       .def_property_readonly("rank", &HostComm::rank)
       .def_property_readonly("nranks", &HostComm::nranks)
       .def_property_readonly("op_seq", &HostComm::op_seq)

@@ -150,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw busbw and time vs size (needs matplotlib)")
     p.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
                    help="exit status 1 when the average busbw (GB/s) is below this")
-    p.add_argument("--compare", choices=("gloo", "torch", "nccl"), default=None,
-                   help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll")
+    p.add_argument("--compare", choices=("gloo", "torch", "nccl", "unchecked"), default=None,
+                   help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll. "
+                        "'unchecked' (host backend; for measuring the cross-rank call check only): the same calls "
+                        "with the check off, alternating with the check on in the same ranks, medians of 5 each")
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
                    help="seconds a collective may wait for peers before failing")
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element

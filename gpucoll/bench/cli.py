@@ -249,6 +249,14 @@ def _peer(p: Params, n: int) -> None:
     """--compare: measure the peer now (same sizes and ranks) into p.peer_times; UsageError when it cannot run."""
     if not p.compare:
         return
+    if p.compare == "unchecked":
+        if p.backend != "host":
+            raise UsageError("--compare unchecked measures the host backend's cross-rank call check; use "
+                             "--backend host")
+        p.notes.append("--compare unchecked: the peer column is the same call with the cross-rank call check off "
+                       "(a benchmark-only switch; never off in normal use), timed alternately with it on in the "
+                       "same ranks: medians of 5 out-of-place timings each; ratio = unchecked / checked")
+        return
     from gpucoll.bench import peers
 
     peer, note = peers.resolve(p.compare, p.backend)

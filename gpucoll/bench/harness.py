@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from gpucoll.errors import GpucollError, InvalidArgument
 
 AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
 PROGRESS_AFTER_S = 2.0  # the progress bar appears once a sweep has run this long: short runs stay quiet
+UNCHECKED_ROUNDS = 5  # --compare unchecked: timings with the call check on, and off, per row
 
 
 @dataclass
@@ -279,6 +281,27 @@ class _Rank:
         ratio = (sec * 1e6) / ours if ours else None
         return {"name": p.compare, "time": sec * 1e6, "alg_bw": algbw, "bus_bw": busbw, "ratio": ratio}
 
+    def _unchecked(self, dt, op: str, algo: str, counts) -> dict:
+        """--compare unchecked (measuring the host backend's cross-rank call check only): out-of-place timings
+        with the check on and off, alternating, UNCHECKED_ROUNDS of each in these same ranks; their medians and
+        the ratio unchecked / checked. Every rank switches between the same two calls."""
+        impl, saved = self.comm._impl, list(self.bw_sum.get(algo, [0.0, 0]))
+        times: dict = {True: [], False: []}
+        try:
+            for _ in range(UNCHECKED_ROUNDS):
+                for on in (True, False):
+                    impl._set_call_check(on)
+                    times[on].append(self.bench(dt, op, algo, counts, False)[0])
+        finally:
+            impl._set_call_check(True)
+            self.bw_sum[algo] = saved  # these timings are not rows of their own
+        checked, unchecked = statistics.median(times[True]), statistics.median(times[False])
+        algbw, busbw = self.coll.get_bw(counts.param, dt.itemsize, unchecked * 1e-6, self.n) if unchecked > 0 \
+            else (0.0, 0.0)
+        return {"name": "unchecked", "time": unchecked, "alg_bw": algbw, "bus_bw": busbw,
+                "ratio": unchecked / checked if checked else None, "checked_us": times[True],
+                "unchecked_us": times[False]}
+
     def time_test(self, dt, op: str, algo: str) -> None:
         coll, p = self.coll, self.p
         op_name = op if coll.reduces else "none"
@@ -301,7 +324,10 @@ class _Rank:
                 oop = res if not in_place else oop
                 self.out.write(report.row_body(*res) if res else report.row_body_not_run())
                 row["in_place" if in_place else "out_of_place"] = report.json_result(*(res or (None,) * 4))
-            peer = self._peer(dt, op_name, nbytes, counts, oop)
+            if p.compare == "unchecked":
+                peer = self._unchecked(dt, op, algo, counts)
+            else:
+                peer = self._peer(dt, op_name, nbytes, counts, oop)
             if peer is not None:
                 row["peer"] = peer
                 self.out.write(report.row_peer(peer["time"], peer["ratio"]))

@@ -1,26 +1,58 @@
-"""The rendezvous store's wire format (see store.py): frames, request/reply fields, opcodes and statuses.
+"""The rendezvous store's wire format (see store.py): the handshake, frames, request/reply fields, opcodes.
 
-Every frame, either way, is ``MAGIC (4 bytes) | payload length (u32, big-endian) | payload``; strings and byte
+A connection starts with a challenge-response on the job's secret, before the server reads any command:
+
+    server -> client   HELLO_MAGIC | version (u8) | server nonce (32 bytes)
+    client -> server   HELLO_MAGIC | client nonce (32) | HMAC-SHA256(key, "client" | server nonce | client nonce)
+    server -> client   AUTH_OK | HMAC-SHA256(key, "server" | client nonce | server nonce)      (or AUTH_DENIED /
+                       AUTH_BUSY, then the server closes)
+
+where key = SHA-256("gpucoll-store key" | secret). The secret never travels; fresh nonces on both sides make a
+recorded exchange useless, and the server's answer proves to the client that it talks to its own job's store.
+
+Then every frame, either way, is ``MAGIC (4 bytes) | payload length (u32, big-endian) | payload``; strings and byte
 strings are ``u32 length | bytes``. Anything else is a ``_ProtocolError``, which the server answers by dropping the
 connection.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import socket
 import struct
 
 from gpucoll.errors import InvalidArgument
 
 MAGIC = b"GCS1"
+HELLO_MAGIC = b"GCS2"
+PROTOCOL_VERSION = 2
+NONCE_BYTES = MAC_BYTES = 32
+HELLO_BYTES = len(HELLO_MAGIC) + 1 + NONCE_BYTES  # what the server sends first
+RESPONSE_BYTES = len(HELLO_MAGIC) + NONCE_BYTES + MAC_BYTES  # the client's answer
+AUTH_OK, AUTH_DENIED, AUTH_BUSY = 0, 1, 2  # first byte of the server's verdict
+MIN_SECRET_BYTES = 16
 MAX_FRAME = 64 << 20  # rendezvous values are small (an NCCL unique id is 128 bytes); 64 MiB is generous
 _HEADER = struct.Struct("!4sI")
-_FRAME_TIMEOUT = 30.0  # once a frame has started, the rest must arrive within this (a stalled peer is dropped)
+_FRAME_TIMEOUT = 30.0  # a frame must arrive whole within this from its first byte (a stalled peer is dropped)
+_HANDSHAKE_TIMEOUT = 5.0  # a connection that has not authenticated within this is dropped
 _REPLY_GRACE = 10.0  # client waits this long beyond a blocking op's own timeout before blaming the network
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_WAIT = range(1, 7)
-_ST_OK, _ST_TIMEOUT, _ST_ERROR = 0, 1, 2
+_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_WAIT, _OP_REGISTER, _OP_BYE = range(1, 9)
+_ST_OK, _ST_TIMEOUT, _ST_ERROR, _ST_LOST = 0, 1, 2, 3
+
+
+def derive_key(secret: bytes) -> bytes:
+    return hashlib.sha256(b"gpucoll-store key\0" + secret).digest()
+
+
+def client_mac(key: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(key, b"client\0" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def server_mac(key: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(key, b"server\0" + client_nonce + server_nonce, hashlib.sha256).digest()
 
 class _ProtocolError(Exception):
     """The peer sent something that is not a valid frame or command."""
@@ -39,6 +71,9 @@ class _Writer:
 
     def u32(self, v: int) -> _Writer:
         return self._pack("!I", v)
+
+    def i32(self, v: int) -> _Writer:
+        return self._pack("!i", v)
 
     def i64(self, v: int) -> _Writer:
         return self._pack("!q", v)
@@ -85,6 +120,9 @@ class _Reader:
 
     def u32(self) -> int:
         return struct.unpack("!I", self._take(4))[0]
+
+    def i32(self) -> int:
+        return struct.unpack("!i", self._take(4))[0]
 
     def i64(self) -> int:
         return struct.unpack("!q", self._take(8))[0]

@@ -23,7 +23,7 @@ import socket
 import sys
 
 from gpucoll.bootstrap.env import LaunchInfo
-from gpucoll.bootstrap.store import TCPStore
+from gpucoll.bootstrap.store import TCPStore, new_secret, solo_secret
 from gpucoll.errors import CollectiveTimeout, InvalidArgument
 
 __all__ = ["TorchStore", "from_mpi", "from_torch", "launcher_store"]
@@ -87,16 +87,19 @@ class TorchStore:
         return f"TorchStore({self._store!r})"
 
 
-def launcher_store(launch: LaunchInfo, timeout: float):
+def launcher_store(launch: LaunchInfo, timeout: float, secret=None):
     """The rendezvous store of `launch` (a detect_launch result).
 
     Under torchrun (``--standalone``, ``--rdzv-backend c10d`` or static) the agent already serves a store on
     MASTER_ADDR:MASTER_PORT and tells its workers so (TORCHELASTIC_USE_AGENT_STORE=True): a second server there
     cannot bind ("Address already in use"), so every rank connects to it as a client through torch's TCPStore, as
     torch's own init_process_group does, under a prefix of its own per restart attempt. Elsewhere (mpirun, srun,
-    explicit arguments) rank 0 serves a gpucoll TCPStore at launch.address:launch.port."""
+    explicit arguments) rank 0 serves a gpucoll TCPStore at launch.address:launch.port, admitting only connections
+    that know the job's `secret` (else GPUCOLL_STORE_SECRET; a one-rank job makes its own). torch's agent store has
+    no authentication of its own: under torchrun the job is as closed as torchrun's store is."""
     if not launch.agent_store:
-        return TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout)
+        return TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout,
+                        secret=solo_secret(launch.world_size, secret), rank=launch.rank)
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         import torch.distributed as dist  # torchrun is part of torch: it is installed wherever this runs
@@ -165,19 +168,22 @@ def from_mpi(comm, timeout: float, local_rank: int | None = None):
     hosts = comm.allgather(socket.gethostname())
     one_host = len(set(hosts)) == 1
     if rank == 0:
-        # Bind where the other ranks can reach: loopback on one host, every interface otherwise.
+        # Bind where the other ranks can reach: loopback on one host, every interface otherwise. The job's secret
+        # is made here and travels over MPI, which the ranks already trust.
         try:
-            store = TCPStore("127.0.0.1" if one_host else "0.0.0.0", 0, is_server=True, timeout=timeout)
-            where = ("127.0.0.1" if one_host else hosts[0], store.port, "")
+            secret = new_secret()
+            store = TCPStore("127.0.0.1" if one_host else "0.0.0.0", 0, is_server=True, timeout=timeout,
+                             secret=secret, rank=0)
+            where = ("127.0.0.1" if one_host else hosts[0], store.port, "", secret)
         except Exception as e:  # the other ranks must hear about it, or they wait forever
-            comm.bcast((None, 0, f"{type(e).__name__}: {e}"), root=0)
+            comm.bcast((None, 0, f"{type(e).__name__}: {e}", None), root=0)
             raise
         comm.bcast(where, root=0)
     else:
-        address, port, error = comm.bcast(None, root=0)
+        address, port, error, secret = comm.bcast(None, root=0)
         if error:
             raise InvalidArgument(f"rank 0 could not start the rendezvous store: {error}")
-        store = TCPStore(address, port, is_server=False, timeout=timeout)
+        store = TCPStore(address, port, is_server=False, timeout=timeout, secret=secret, rank=rank)
     # Ranks on this host, in rank order, give the local rank (what an MPI launcher's variables would say).
     mine = hosts[rank]
     local_ranks = [r for r, h in enumerate(hosts) if h == mine]

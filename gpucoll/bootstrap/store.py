@@ -1,41 +1,46 @@
 """Rendezvous key-value store over TCP: rank 0 hosts it, every rank (rank 0 included) is a client.
 
-Wire protocol. Every frame, either way, is ``MAGIC (4 bytes) | payload length (u32, big-endian) | payload``.
-A request payload is ``opcode (u8)`` followed by its fields; a reply payload is ``status (u8)`` followed by
-fields. Strings and byte strings are ``u32 length | bytes`` (strings UTF-8). The magic lets the server tell a
-gpucoll client from a port scanner or a stray HTTP request, and the length cap (``MAX_FRAME``) stops a peer from
-making the server buffer gigabytes: such connections are dropped with a warning and the server keeps serving.
+Only the job's members can use it: every connection first answers a challenge with an HMAC of the job's secret
+(``secret=``, else ``GPUCOLL_STORE_SECRET``; ``gpucoll.spawn`` and ``init(mpi_comm=...)`` make one), and the
+server reads no command from a connection that has not (_wire.py has the handshake and the frames). The server
+(_server.py) is one event loop with every resource bounded, so it keeps serving the job whatever else reaches its
+port. A client that passes ``rank=`` registers it: when that rank dies, requests that wait for keys fail at once
+naming it, instead of after the timeout.
 
-Blocking operations (``get``, ``wait``) wait server-side on a condition variable with the caller's timeout, so a
-waiting rank costs one idle thread and no network traffic. The server runs one daemon thread per connection,
-which suits a rendezvous (one connection per rank, short-lived traffic).
+Blocking operations (``get``, ``wait``) wait server-side with the caller's timeout, so a waiting rank costs no
+network traffic.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
-import selectors
+import os
+import secrets
 import socket
 import sys
 import threading
 import time
 
 from gpucoll import errors
+from gpucoll.bootstrap import _wire as w
+from gpucoll.bootstrap._server import Limits, Server, host_identity
 from gpucoll.bootstrap._wire import (
-    _FRAME_TIMEOUT,
     _HEADER,
     _INT64_MAX,
     _INT64_MIN,
     _OP_ADD,
+    _OP_BYE,
     _OP_CHECK,
     _OP_DELETE,
     _OP_GET,
+    _OP_REGISTER,
     _OP_SET,
     _OP_WAIT,
     _REPLY_GRACE,
     _ST_ERROR,
-    _ST_OK,
+    _ST_LOST,
     _ST_TIMEOUT,
     MAGIC,
     MAX_FRAME,
@@ -46,13 +51,16 @@ from gpucoll.bootstrap._wire import (
 )
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
 
-__all__ = ["MAGIC", "MAX_FRAME", "TCPStore"]
+__all__ = ["MAGIC", "MAX_FRAME", "TCPStore", "job_secret", "new_secret", "solo_secret"]
 
 _BARRIER_PREFIX = "__gpucoll_barrier__/"
+_HOW_TO = ("set GPUCOLL_STORE_SECRET to the same random value on every rank (e.g. export GPUCOLL_STORE_SECRET="
+           "$(python -c 'import secrets; print(secrets.token_hex(32))') before mpirun/srun, which pass the "
+           "environment on), or pass secret=")
 
 
 def _warn(message: str) -> None:
-    # Logging must never take a server thread down (e.g. gpucoll._C unavailable during a rebuild).
+    # Logging must never take the server thread down (e.g. gpucoll._C unavailable during a rebuild).
     try:
         from gpucoll import _log
 
@@ -61,213 +69,40 @@ def _warn(message: str) -> None:
         sys.stderr.write(f"[gpucoll] WARN  {message}\n")
 
 
-class _Server:
-    """The store's data and its listening thread. Lives in rank 0's process."""
+def new_secret() -> str:
+    """A fresh job secret: 32 random bytes in hex."""
+    return secrets.token_hex(32)
 
-    def __init__(self, host: str, port: int):
-        try:
-            family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                           flags=socket.AI_PASSIVE)[0]
-        except socket.gaierror as e:
-            raise InvalidArgument(f"host={host!r} cannot be resolved to an address to bind: {e}") from None
-        self._lsock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            # SO_REUSEADDR: a restarted job can take the port back while old connections sit in TIME_WAIT.
-            self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._lsock.bind(sockaddr)
-            self._lsock.listen(socket.SOMAXCONN)
-        except OSError as e:
-            self._lsock.close()
-            raise errors.SystemError(f"cannot listen on {host}:{port} for the rendezvous store: {e.strerror or e} "
-                                     f"(errno {e.errno})", call=f"bind({sockaddr!r})") from None
-        self.address = self._lsock.getsockname()
-        self._data = {}
-        self._cond = threading.Condition()
-        self._closed = False
-        self._conns = set()
-        self._threads = []
-        self._conns_lock = threading.Lock()
-        # The accept thread sleeps in select() on the listening socket and this pair: close() writes one byte to
-        # wake it, so there is no polling interval and close() returns at once.
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._accept_thread = threading.Thread(target=self._accept_loop, name=f"gpucoll-store:{self.address[1]}",
-                                               daemon=True)
-        self._accept_thread.start()
 
-    # -- connection handling ------------------------------------------------------------------------------------
+def solo_secret(world_size: int, secret=None):
+    """`secret`; for a one-rank job with none given or configured, a fresh one (nobody else is to connect)."""
+    if secret is None and world_size == 1:
+        from gpucoll import config
 
-    def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._lsock, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while not self._closed:
-                ready = [key.fileobj for key, _ in sel.select()]
-                if self._wake_r in ready or self._closed:
-                    return
-                try:
-                    conn, peer = self._lsock.accept()
-                except OSError as e:  # EMFILE, ECONNABORTED...: keep serving the others
-                    _warn(f"rendezvous store: accept() failed: {e}")
-                    time.sleep(0.05)
-                    continue
-                t = threading.Thread(target=self._serve_conn, args=(conn, peer), daemon=True,
-                                     name=f"gpucoll-store-conn:{peer}")
-                with self._conns_lock:
-                    self._conns.add(conn)
-                    self._threads = [x for x in self._threads if x.is_alive()]
-                    self._threads.append(t)
-                t.start()
+        if not config.is_set("GPUCOLL_STORE_SECRET"):
+            return new_secret()
+    return secret
 
-    def _serve_conn(self, conn: socket.socket, peer) -> None:
-        try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while True:
-                conn.settimeout(None)  # idle between frames is normal: ranks keep their connection for the job
-                first = conn.recv(1)
-                if not first:
-                    return  # clean close at a frame boundary
-                conn.settimeout(_FRAME_TIMEOUT)
-                header = first + _recv_exact(conn, _HEADER.size - 1)
-                if len(header) < _HEADER.size:
-                    _warn(f"rendezvous store: dropping {peer}: connection closed inside a frame header")
-                    return
-                magic, length = _HEADER.unpack(header)
-                if magic != MAGIC:
-                    _warn(f"rendezvous store: dropping {peer}: bad magic {magic!r} (not a gpucoll client?)")
-                    return
-                if length > MAX_FRAME:
-                    _warn(f"rendezvous store: dropping {peer}: frame length {length} exceeds {MAX_FRAME}")
-                    return
-                payload = _recv_exact(conn, length)
-                if len(payload) < length:
-                    _warn(f"rendezvous store: dropping {peer}: connection closed after {len(payload)} of "
-                          f"{length} payload bytes")
-                    return
-                try:
-                    reply = self._dispatch(payload)
-                except _ProtocolError as e:
-                    _warn(f"rendezvous store: dropping {peer}: undecodable command: {e}")
-                    return
-                conn.sendall(reply)
-        except socket.timeout:
-            _warn(f"rendezvous store: dropping {peer}: stalled for {_FRAME_TIMEOUT:g} s inside a frame")
-        except OSError as e:
-            if not self._closed:
-                _warn(f"rendezvous store: connection from {peer} failed: {e}")
-        except Exception as e:  # noqa: BLE001 - a bug here must cost one connection, never the server
-            _warn(f"rendezvous store: dropping {peer} after an internal error: {type(e).__name__}: {e}")
-        finally:
-            with self._conns_lock:
-                self._conns.discard(conn)
-            conn.close()
 
-    # -- commands -------------------------------------------------------------------------------------------------
+def job_secret(secret=None) -> bytes:
+    """The job's secret as bytes: `secret` (str or bytes), else GPUCOLL_STORE_SECRET. InvalidArgument saying how
+    to set one when there is none or it is too short to resist guessing."""
+    source = "secret="
+    if secret is None:
+        from gpucoll import config
 
-    def _dispatch(self, payload: bytes) -> bytes:
-        r = _Reader(payload)
-        op = r.u8()
-        w = _Writer()
-        if op == _OP_SET:
-            key, value = r.str(), r.blob()
-            r.end()
-            with self._cond:
-                self._data[key] = value
-                self._cond.notify_all()
-            w.u8(_ST_OK)
-        elif op == _OP_GET:
-            key, timeout = r.str(), self._timeout(r)
-            r.end()
-            with self._cond:
-                self._cond.wait_for(lambda: key in self._data or self._closed, timeout)
-                value = self._data.get(key)
-            if value is not None:
-                w.u8(_ST_OK).blob(value)
-            elif self._closed:
-                return self._closed_reply()
-            else:
-                w.u8(_ST_TIMEOUT)
-        elif op == _OP_ADD:
-            key, amount = r.str(), r.i64()
-            r.end()
-            with self._cond:
-                old = self._data.get(key, b"0")
-                try:
-                    new = int(old.decode("ascii")) + amount
-                except (UnicodeDecodeError, ValueError):
-                    return self._error(errors.InvalidArgument, f"add: key {key!r} holds a value that is not a counter")
-                if not _INT64_MIN <= new <= _INT64_MAX:
-                    return self._error(errors.InvalidArgument, f"add: counter {key!r} would overflow int64")
-                # Counters are stored as ASCII decimal (as torch's TCPStore does), so get() reads them too.
-                self._data[key] = str(new).encode("ascii")
-                self._cond.notify_all()
-            w.u8(_ST_OK).i64(new)
-        elif op == _OP_CHECK:
-            keys = r.strs()
-            r.end()
-            with self._cond:
-                present = bytes(1 if k in self._data else 0 for k in keys)
-            w.u8(_ST_OK).blob(present)
-        elif op == _OP_DELETE:
-            key = r.str()
-            r.end()
-            with self._cond:
-                existed = self._data.pop(key, None) is not None
-            w.u8(_ST_OK).u8(1 if existed else 0)
-        elif op == _OP_WAIT:
-            timeout, keys = self._timeout(r), r.strs()
-            r.end()
-            with self._cond:
-                self._cond.wait_for(lambda: self._closed or all(k in self._data for k in keys), timeout)
-                missing = [k for k in keys if k not in self._data]
-            if not missing:
-                w.u8(_ST_OK)
-            elif self._closed:
-                return self._closed_reply()
-            else:
-                w.u8(_ST_TIMEOUT).strs(missing)
-        else:
-            raise _ProtocolError(f"unknown opcode {op}")
-        return w.frame()
-
-    @staticmethod
-    def _timeout(r: _Reader) -> float:
-        t = r.f64()
-        if math.isnan(t):
-            raise _ProtocolError("timeout is NaN")
-        return min(max(t, 0.0), threading.TIMEOUT_MAX)  # Condition.wait rejects values above TIMEOUT_MAX
-
-    @staticmethod
-    def _error(exc_type, message: str) -> bytes:
-        return _Writer().u8(_ST_ERROR).u8(exc_type.code).str(message).frame()
-
-    def _closed_reply(self) -> bytes:
-        return self._error(RemoteError, "the rendezvous store server (rank 0) shut down while this request waited")
-
-    def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._cond.notify_all()  # wake blocked get/wait handlers so they answer and exit
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self._accept_thread.join(timeout=5.0)
-        self._lsock.close()
-        self._wake_r.close()
-        self._wake_w.close()
-        # Handler threads block in recv() on idle client connections; shutting the sockets down wakes them.
-        with self._conns_lock:
-            conns, threads = list(self._conns), list(self._threads)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        deadline = time.monotonic() + 2.0
-        for t in threads:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        secret, source = config.get("GPUCOLL_STORE_SECRET"), "GPUCOLL_STORE_SECRET"
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, (bytes, bytearray)):
+        raise InvalidArgument(f"secret must be a str or bytes; got {type(secret).__name__}")
+    if not secret:
+        raise InvalidArgument(f"the rendezvous store admits only the job's members, and this rank knows no job "
+                              f"secret: {_HOW_TO}")
+    if len(secret) < w.MIN_SECRET_BYTES:
+        raise InvalidArgument(f"{source} is {len(secret)} bytes long; a job secret needs at least "
+                              f"{w.MIN_SECRET_BYTES} (a short one can be guessed from one recorded handshake)")
+    return bytes(secret)
 
 
 class TCPStore:
@@ -275,23 +110,31 @@ class TCPStore:
 
     ``timeout`` (seconds) bounds connecting and is the default for ``get``/``wait``/``barrier``. Binds only to
     ``host`` (pass ``"0.0.0.0"`` to listen on every interface); ``port=0`` on the server picks a free port,
-    readable as ``.port``. Safe to share between threads (one request at a time per store object).
+    readable as ``.port``. ``secret`` (str or bytes, 16 bytes at least) is the job's, the same on every rank;
+    None reads GPUCOLL_STORE_SECRET. ``rank`` registers this client as that rank of the job, so that its death
+    is noticed (see the module's docstring). Safe to share between threads (one request at a time per store
+    object).
     """
 
-    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float = 300.0):
+    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float = 300.0, secret=None,
+                 rank: int | None = None, limits: Limits | None = None):
         if not isinstance(host, str):
             raise InvalidArgument(f"host must be a string (host name or IP address), got {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgument(f"port must be an integer in [0, 65535], got {port!r}")
         self.timeout = self._check_timeout(timeout, "timeout")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise InvalidArgument(f"rank must be a non-negative int or None, got {rank!r}")
+        self._auth_key = w.derive_key(job_secret(secret))
         self.host = host
         self.is_server = bool(is_server)
+        self.rank = rank
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
-        self._server: _Server | None = None
+        self._server: Server | None = None
         if self.is_server:
-            self._server = _Server(host, port)
+            self._server = Server(host, port, self._auth_key, _warn, limits)
             self.port = self._server.address[1]
         else:
             if port == 0:
@@ -329,6 +172,7 @@ class TCPStore:
 
     def _connect(self) -> None:
         # The server may start after its clients (rank 0 slower to boot): retry with backoff until the timeout.
+        # So does a connection the server dropped before authentication for being busy (under attack).
         target = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         deadline = time.monotonic() + self.timeout
         delay, last = 0.01, None
@@ -337,7 +181,7 @@ class TCPStore:
             if remaining <= 0:
                 raise CollectiveTimeout(f"could not connect to the rendezvous store at {self.endpoint} within "
                                         f"{self.timeout:g} s (last error: {last}); is rank 0 running and "
-                                        f"reachable at that address?")
+                                        f"reachable at that address?", ranks=(0,))
             try:
                 sock = socket.create_connection((target, self.port), timeout=min(remaining, 10.0))
             except OSError as e:  # refused, unreachable, DNS not ready yet: all worth retrying
@@ -345,9 +189,61 @@ class TCPStore:
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 0.5)
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = sock
-            return
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(min(max(deadline - time.monotonic(), 0.1), w._HANDSHAKE_TIMEOUT))
+                self._handshake(sock)
+                self._sock = sock
+                if self.rank is not None:
+                    self._register(sock)
+                return
+            except _Transient as e:
+                sock.close()
+                last = e
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.5)
+            except BaseException:
+                sock.close()
+                self._sock = None
+                raise
+
+    def _handshake(self, sock: socket.socket) -> None:
+        """Answers the server's challenge and checks its answer (_wire.py)."""
+        try:
+            hello = _recv_exact(sock, w.HELLO_BYTES)
+            if len(hello) < w.HELLO_BYTES:
+                raise _Transient("the server closed the connection before its challenge (busy?)")
+            if hello[:4] != w.HELLO_MAGIC:
+                raise InvalidArgument(f"{self.endpoint} is not a gpucoll rendezvous store of this version (it "
+                                      f"opened with {hello[:8]!r})")
+            server_nonce = hello[5:]
+            nonce = secrets.token_bytes(w.NONCE_BYTES)
+            sock.sendall(w.HELLO_MAGIC + nonce + w.client_mac(self._auth_key, server_nonce, nonce))
+            verdict = _recv_exact(sock, 1 + w.MAC_BYTES)
+        except (socket.timeout, OSError) as e:
+            raise _Transient(f"authentication did not complete: {e}") from None
+        if verdict[:1] == bytes([w.AUTH_DENIED]):
+            raise InvalidArgument(f"the rendezvous store at {self.endpoint} refused this rank: it does not hold "
+                                  f"the same job secret (GPUCOLL_STORE_SECRET must be equal on every rank), or "
+                                  f"another job's store listens on that port")
+        if len(verdict) < 1 + w.MAC_BYTES or verdict[0] != w.AUTH_OK:
+            raise _Transient("the server dropped the connection during authentication (busy?)")
+        if not hmac.compare_digest(verdict[1:], w.server_mac(self._auth_key, server_nonce, nonce)):
+            raise InvalidArgument(f"the server at {self.endpoint} does not know this job's secret: it is not this "
+                                  f"job's rendezvous store")
+
+    def _register(self, sock: socket.socket) -> None:
+        frame = _Writer().u8(_OP_REGISTER).i32(self.rank).i64(os.getpid()).str(host_identity()).frame()
+        try:
+            sock.sendall(frame)
+            header = _recv_exact(sock, _HEADER.size)
+            if len(header) < _HEADER.size:
+                raise _Transient("the server closed the connection during registration")
+            payload = _recv_exact(sock, _HEADER.unpack(header)[1])
+        except (socket.timeout, OSError) as e:
+            raise _Transient(f"registration did not complete: {e}") from None
+        if payload[:1] != b"\x00":
+            raise RemoteError(f"the rendezvous store at {self.endpoint} refused rank {self.rank}'s registration")
 
     def _drop_connection(self) -> None:
         # After a timeout or error mid-reply the byte stream is out of step: discard it, reconnect next time.
@@ -355,8 +251,8 @@ class TCPStore:
             self._sock.close()
             self._sock = None
 
-    def _request(self, w: _Writer, io_timeout: float) -> _Reader:
-        frame = w.frame()
+    def _request(self, writer: _Writer, io_timeout: float, waiting_for: str = "") -> _Reader:
+        frame = writer.frame()
         with self._lock:
             if self._closed:
                 raise InvalidUsage(f"the rendezvous store client for {self.endpoint} is closed")
@@ -385,13 +281,18 @@ class TCPStore:
                     raise InvalidUsage(f"the rendezvous store client for {self.endpoint} was closed while a "
                                        f"request was in flight") from None
                 raise RemoteError(f"lost the connection to the rendezvous store at {self.endpoint} "
-                                  f"(did rank 0 exit?): {e}") from None
+                                  f"(did rank 0, which serves it, exit?): {e}", ranks=(0,)) from None
         r = _Reader(payload)
         try:
             status = r.u8()
             if status == _ST_ERROR:
                 cls, message = errors.error_class_for_code(r.u8()), r.str()
                 raise cls(message)
+            if status == _ST_LOST:
+                lost = [(r.i32(), r.str()) for _ in range(r.u32())]
+                why = "; ".join(f"rank {rank} left the job: {reason}" for rank, reason in lost)
+                raise CollectiveTimeout(f"{why} (seen by the rendezvous store while this rank waited for "
+                                        f"{waiting_for or 'a key'})", ranks=tuple(rank for rank, _ in lost))
         except _ProtocolError as e:
             raise RemoteError(f"malformed reply from the rendezvous store at {self.endpoint}: {e}") from None
         r.status = status
@@ -422,7 +323,7 @@ class TCPStore:
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting until some rank sets it; CollectiveTimeout after ``timeout`` seconds."""
         key, t = self._key(key), self._op_timeout(timeout)
-        r = self._request(_Writer().u8(_OP_GET).str(key).f64(t), t + _REPLY_GRACE)
+        r = self._request(_Writer().u8(_OP_GET).str(key).f64(t), t + _REPLY_GRACE, f"key {key!r}")
         if r.status == _ST_TIMEOUT:
             raise CollectiveTimeout(f"timed out after {t:g} s waiting for key {key!r} in the rendezvous store at "
                                     f"{self.endpoint}")
@@ -449,7 +350,7 @@ class TCPStore:
     def wait(self, keys, timeout: float | None = None) -> None:
         """Block until every key exists; CollectiveTimeout naming the missing keys after ``timeout`` seconds."""
         keys, t = self._keys(keys), self._op_timeout(timeout)
-        r = self._request(_Writer().u8(_OP_WAIT).f64(t).strs(keys), t + _REPLY_GRACE)
+        r = self._request(_Writer().u8(_OP_WAIT).f64(t).strs(keys), t + _REPLY_GRACE, f"keys {keys!r}")
         if r.status == _ST_TIMEOUT:
             missing = r.strs()
             raise CollectiveTimeout(f"timed out after {t:g} s waiting for keys {missing!r} in the rendezvous store "
@@ -478,7 +379,8 @@ class TCPStore:
         if count == (gen + 1) * world_size:
             self.set(done, b"1")
         remaining = max(deadline - time.monotonic(), 1e-3)
-        r = self._request(_Writer().u8(_OP_WAIT).f64(remaining).strs([done]), remaining + _REPLY_GRACE)
+        r = self._request(_Writer().u8(_OP_WAIT).f64(remaining).strs([done]), remaining + _REPLY_GRACE,
+                          f"barrier {name!r}")
         if r.status != _ST_TIMEOUT:
             return
         arrived = self._present([f"{base}{gen}/arrived/{i}" for i in range(world_size)])
@@ -494,11 +396,31 @@ class TCPStore:
         return json.loads(self.get(key, timeout).decode("utf-8"))
 
     def close(self) -> None:
-        """Close the client connection and, on the server, stop its thread and listening socket. Idempotent."""
+        """Close the client connection and, on the server, stop its thread and listening socket. Idempotent.
+        A registered rank says goodbye first, so that the server does not take its going for a death."""
+        self._close(failed=False)
+
+    def abandon(self, world_size: int | None = None, linger: float = 5.0) -> None:
+        """close() after an error of this rank's own during set-up: the other ranks, waiting for keys this rank
+        will never set, learn it at once and name it. On the server, with `world_size`, it first keeps serving
+        (at most `linger` seconds) until every rank has connected, so that late ones learn it too."""
+        self._close(failed=True, linger=(world_size, min(linger, self.timeout)) if world_size else None)
+
+    def _close(self, failed: bool, linger=None) -> None:
         if self._closed:
             return
-        self._closed = True
         sock = self._sock
+        if sock is not None and self._lock.acquire(blocking=False):
+            try:
+                sock.settimeout(1.0)
+                sock.sendall(_Writer().u8(_OP_BYE).u8(1 if failed else 0).frame())
+            except OSError:
+                pass
+            finally:
+                self._lock.release()
+        if linger is not None and self._server is not None:
+            self._server.linger(*linger)
+        self._closed = True
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes another thread blocked in a request on this client
@@ -513,6 +435,10 @@ class TCPStore:
     def closed(self) -> bool:
         return self._closed
 
+    def server_stats(self) -> dict | None:
+        """The server's connection and buffer counts (tests); None on a client."""
+        return None if self._server is None else self._server.stats()
+
     def __enter__(self) -> TCPStore:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
@@ -522,3 +448,7 @@ class TCPStore:
     def __repr__(self) -> str:
         role = "server" if self.is_server else "client"
         return f"TCPStore({self.endpoint}, {role}{', closed' if self._closed else ''})"
+
+
+class _Transient(Exception):
+    """A connection attempt failed in a way worth retrying (server busy, not up yet)."""

@@ -16,8 +16,8 @@ big to run whole, so the case table is cut into sections that together cover eve
   correct all_reduce works after each one.
 
 One gpucoll.spawn per world size (1, 2, 3, 4, 5, 8; a module-scoped fixture) runs all of that; workers return
-their failures as text and the tests below only read the reports. A second, 3-rank spawn with
-GPUCOLL_DEBUG_CHECKS=1 checks that disagreeing ranks get the same InvalidArgument quickly.
+their failures as text and the tests below only read the reports. Ranks that make different calls are the
+subject of tests/reliability/test_mismatch.py.
 
 Inputs of the reducing collectives come from tests/helpers.py (integer-valued, exact); the copying collectives
 move arbitrary bit patterns (NaN payloads, subnormals, negative zero), which a byte copy must keep. bfloat16 (and
@@ -759,84 +759,3 @@ def test_reduce_gather_bad_out_raises_on_every_rank(coll):
         per_rank = gpucoll.spawn(_root_only_out_worker, 2, args=(coll,), backend="host", timeout=5.0)
     assert [r["error"] for r in per_rank] == ["InvalidArgument"] * 2, per_rank
     assert [r["after"] for r in per_rank] == ["", ""], per_rank
-
-
-# -- GPUCOLL_DEBUG_CHECKS=1 ---------------------------------------------------------------------------------------
-
-DEBUG_WS = 3
-
-
-def _mismatch_calls():
-    """(label, call(comm) with rank-dependent arguments, text the message must contain)."""
-    f32 = np.float32
-    return [
-        ("count", lambda c: c.all_reduce(np.ones(7 + (c.rank == 2), f32)), "count=8"),
-        ("dtype", lambda c: c.all_reduce(np.ones(7, np.float64 if c.rank == 1 else f32)), "float64"),
-        ("op", lambda c: c.all_reduce(np.ones(7, f32), op="max" if c.rank == 0 else "sum"), "op=max"),
-        ("root", lambda c: c.broadcast(np.ones(7, f32), root=0 if c.rank == 0 else 1), "root=1"),
-        ("reduce root", lambda c: c.reduce(np.ones(7, f32), root=c.rank), "root=2"),
-        ("collective", lambda c: c.all_reduce(np.ones(7, f32)) if c.rank == 0 else c.broadcast(np.ones(7, f32)),
-         "broadcast"),
-        ("blocked collective", lambda c: (c.all_gather(np.ones(7, f32)) if c.rank == 1
-                                          else c.reduce_scatter(np.ones(21, f32))), "reduce_scatter"),
-    ]
-
-
-def _debug_worker(comm):
-    out = {"mismatch": {}, "after": {}, "matching": [], "main_after": ""}
-    # Matching calls pass the check and compute the right thing (one 'algos'-style case per collective).
-    W = comm.world_size
-    report = {"failures": [], "checked": {}}
-    cases = [c for c in cases_for(W) if c[0] == "algos" and c[5] == 7 and c[2] == "auto"]
-    run_cases(comm, cases if _import_torch() is None else _without_torch(cases), report)
-    out["matching"] = [text for sec, text in report["failures"] if sec != "nonroot_return"]
-    for label, call, _ in _mismatch_calls():
-        # A fresh communicator per mismatch, so that one case's aftermath cannot hide the next case.
-        sub = sub_comm(comm, timeout=20.0)
-        try:
-            t0 = time.monotonic()
-            try:
-                call(sub)
-                out["mismatch"][label] = ("no error", "", time.monotonic() - t0)
-            except Exception as exc:  # noqa: BLE001
-                out["mismatch"][label] = (type(exc).__name__, str(exc), time.monotonic() - t0)
-            out["after"][label] = helpers.still_works(sub)
-        finally:
-            sub.close()
-    out["main_after"] = helpers.still_works(comm)
-    return out
-
-
-@pytest.fixture(scope="module")
-def debug_reports():
-    with pytest.MonkeyPatch.context() as mp:
-        _clean_env(mp)
-        mp.setenv("GPUCOLL_DEBUG_CHECKS", "1")
-        return gpucoll.spawn(_debug_worker, DEBUG_WS, backend="host", timeout=TIMEOUT)
-
-
-def test_debug_checks_pass_matching_calls(debug_reports):
-    failures = [f"rank {r}: {t}" for r, rep in enumerate(debug_reports) for t in rep["matching"]]
-    assert not failures, helpers.format_failures(failures)
-    assert all(rep["main_after"] == "" for rep in debug_reports), [rep["main_after"] for rep in debug_reports]
-
-
-@pytest.mark.parametrize("label", [m[0] for m in _mismatch_calls()])
-def test_debug_checks_same_error_on_every_rank(debug_reports, label):
-    fragment = {m[0]: m[2] for m in _mismatch_calls()}[label]
-    outcomes = [rep["mismatch"][label] for rep in debug_reports]
-    kinds = [o[0] for o in outcomes]
-    assert kinds == ["InvalidArgument"] * DEBUG_WS, outcomes
-    messages = {o[1] for o in outcomes}
-    assert len(messages) == 1, f"ranks got different messages: {outcomes}"
-    msg = messages.pop()
-    assert "GPUCOLL_DEBUG_CHECKS" in msg and fragment in msg, msg
-    for r in range(DEBUG_WS):
-        assert f"rank {r}:" in msg, msg  # the table lists every rank's call
-    assert max(o[2] for o in outcomes) < 5.0, outcomes
-
-
-def test_debug_checks_communicator_usable_after_mismatch(debug_reports):
-    after = {label: [rep["after"][label] for rep in debug_reports] for label, _, _ in _mismatch_calls()}
-    bad = {label: errs for label, errs in after.items() if any(errs)}
-    assert not bad, bad

@@ -503,10 +503,10 @@ def _disagree_worker(rank, n):
 
 
 def test_ranks_that_disagree_get_a_typed_error():
-    """Sizes, dtypes or ops that differ between ranks are invisible to any one rank; GPUCOLL_DEBUG_CHECKS=1 makes
-    every rank compare them first and raise InvalidArgument (quickly, on every rank) instead of a wrong answer."""
+    """Sizes, dtypes or ops that differ between ranks are invisible to any one rank; the host backend compares
+    every call across ranks (always) and raises InvalidArgument on every rank instead of a wrong answer."""
     n = 2
-    res = torch_ranks.run(_disagree_worker, n, env={"GPUCOLL_DEBUG_CHECKS": "1"})
+    res = torch_ranks.run(_disagree_worker, n)
     for seen in res:
         assert seen[:-1] == [(k, "InvalidArgument") for k in ("size", "dtype", "op", "gather size")], seen
         assert seen[-1] == ("after", [float(n)] * 3), seen

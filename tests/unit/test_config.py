@@ -17,7 +17,7 @@ import pytest
 from gpucoll import _C, config
 from gpucoll.errors import InvalidArgument
 
-TYPES = {"bool", "int", "bytes", "float", "string"}
+TYPES = {"bool", "int", "bytes", "float", "string", "secret"}
 REPO = Path(__file__).resolve().parents[2]
 VARS = _C.config_vars()
 NAMES = [v["name"] for v in VARS]
@@ -202,3 +202,13 @@ def test_no_direct_environment_reads_of_gpucoll_variables():
             if re.search(r"(getenv|environ)\b.*GPUCOLL_", line) and not line.lstrip().startswith(("//", "#")):
                 offenders.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()}")
     assert not offenders, "read GPUCOLL_* through gpucoll.config instead:\n" + "\n".join(offenders)
+
+
+def test_secret_values_are_never_shown(monkeypatch):
+    monkeypatch.setenv("GPUCOLL_STORE_SECRET", "do-not-print-this-0123456789")
+    (var,) = [v for v in config.variables() if v["name"] == "GPUCOLL_STORE_SECRET"]
+    assert var["type"] == "secret" and var["is_set"] and var["value"] == "(hidden)", var
+    from gpucoll import info
+
+    assert "do-not-print-this" not in info.format_text(info.collect())
+    assert config.get("GPUCOLL_STORE_SECRET") == "do-not-print-this-0123456789"  # readable by gpucoll itself

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import os
 import pickle
 import re
 
@@ -166,13 +167,13 @@ def test_real_core_error_carries_its_location():
 
 
 def test_real_os_failure_is_a_system_error():
-    """Attaching to a shared-memory name that does not exist: the core's kSystem path with strerror/errno."""
-    name = "/gpucoll-test-does-not-exist-0123456789abcdef"
+    """Attaching to a region handle whose descriptor does not exist: the core's kSystem path with strerror/errno."""
+    handle = (os.getpid(), 999_999, 0, 0)
     with pytest.raises(SystemError) as info:
-        _C.HostComm(1, 2, 1.0, name, False)
+        _C.HostComm(1, 2, 1.0, handle)
     exc = info.value
     assert isinstance(exc, OSError)
-    assert exc.call.startswith("shm_open(") and name in exc.call
+    assert exc.call == f"open(/proc/{os.getpid()}/fd/999999)", exc.call
     assert "No such file or directory" in exc.message and "errno 2" in exc.message
     assert exc.location.startswith("backends/host/")
 

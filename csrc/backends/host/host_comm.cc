@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "algo/call_mismatch.h"
 #include "backends/host/kernels.h"
 #include "core/premul.h"
 #include "backends/host/region.h"
@@ -19,9 +20,22 @@ namespace gpucoll::host {
 
 namespace {
 constexpr size_t kMaxFused = 16;
+
+// The algorithm as a signature field: its registry index; hierarchical schedules also depend on the node size.
+int32_t algo_index(const algo::Algorithm& a) {
+  const auto& all = algo::algorithms();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i] == &a) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+bool uses_local_size(const algo::Algorithm& a) {
+  static const algo::Algorithm* const hierarchical = algo::find_algorithm("hierarchical");
+  return &a == hierarchical;
+}
 }  // namespace
 
-HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool create) : opt_(options) {
+HostComm::HostComm(const HostOptions& options, const ShmHandle* attach_to) : opt_(options) {
   GPUCOLL_CHECK_ARG(opt_.nranks >= 1, "world_size must be >= 1, got ", opt_.nranks);
   GPUCOLL_CHECK_ARG(opt_.rank >= 0 && opt_.rank < opt_.nranks, "rank must be in [0, ", opt_.nranks, "), got ",
                     opt_.rank);
@@ -30,7 +44,6 @@ HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool
   opt_.buffer_bytes = static_cast<int64_t>(align_up(static_cast<size_t>(opt_.buffer_bytes), kPageAlign));
   opt_.segment_bytes = std::max<int64_t>(opt_.segment_bytes, 64);
   spin_ns_ = std::max<int64_t>(opt_.spin_us, 0) * 1000;
-  debug_checks_ = opt_.debug_checks;
   // p2p slots: up to 1 MiB each, shrinking with P^2 so that the region stays within 256 MiB of address space
   // (tmpfs only backs the pages that are touched, so unused pairs cost nothing).
   const size_t P = static_cast<size_t>(opt_.nranks);
@@ -40,19 +53,22 @@ HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool
   work_offset_ = layout.work_offset;
   pair_offset_ = layout.pair_offset;
   slot_offset_ = layout.slot_offset;
-  if (create) {
-    shm_.create(shm_name, layout.total);
+  if (attach_to == nullptr) {
+    shm_.create(layout.total);
     auto* h = static_cast<RegionHeader*>(shm_.data());
     h->magic = kRegionMagic;
     h->nranks = opt_.nranks;
     h->buffer_bytes = static_cast<uint64_t>(opt_.buffer_bytes);
     h->slot_bytes = slot_bytes_;
+    h->token[0] = shm_.handle().token[0];
+    h->token[1] = shm_.handle().token[1];
   } else {
-    shm_.attach(shm_name);
+    shm_.attach(*attach_to);
+    const std::string& where = shm_.describe();
     const auto* h = static_cast<const RegionHeader*>(shm_.data());
-    if (shm_.size() < sizeof(RegionHeader) || h->magic != kRegionMagic) {
-      GPUCOLL_THROW(ErrorCode::kInternal, "attach(" + shm_name + ")", "shared-memory region ", shm_name,
-                    " is not a gpucoll region");
+    if (shm_.size() < sizeof(RegionHeader) || h->magic != kRegionMagic || h->token[0] != attach_to->token[0] ||
+        h->token[1] != attach_to->token[1]) {
+      GPUCOLL_INVALID_ARG("the file at ", where, " is not this job's host-backend region (wrong magic or token)");
     }
     if (h->nranks != opt_.nranks || h->buffer_bytes != static_cast<uint64_t>(opt_.buffer_bytes) ||
         shm_.size() != layout.total) {
@@ -67,9 +83,7 @@ HostComm::HostComm(const HostOptions& options, const std::string& shm_name, bool
   me->pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
   me->attached.store(1, std::memory_order_release);
   auto* h = static_cast<RegionHeader*>(shm_.data());
-  if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(opt_.nranks)) {
-    shm_.unlink();  // last to arrive: from now on nothing can be left behind in /dev/shm
-  }
+  h->attached.fetch_add(1, std::memory_order_acq_rel);
 }
 
 HostComm::~HostComm() { close(); }
@@ -104,7 +118,7 @@ void HostComm::wait_attached() {
       for (int r = 0; r < opt_.nranks; ++r) {
         if (ctl(r)->attached.load(std::memory_order_acquire) == 0) missing.push_back(r);
       }
-      shm_.unlink();
+      shm_.close_fd();
       std::string list;
       for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
       throw Error(ErrorCode::kTimeout,
@@ -114,14 +128,21 @@ void HostComm::wait_attached() {
     }
     usleep(200);
   }
-  shm_.unlink();  // already gone when the last rank attached; harmless otherwise
+  shm_.close_fd();  // every rank maps the region now: it lives exactly as long as they do
   GPUCOLL_DEBUG("host communicator ready: ", opt_.nranks, " ranks, ", opt_.buffer_bytes, "-byte work buffers");
 }
 
 void HostComm::close() noexcept {
   if (closed_) return;
   closed_ = true;
-  shm_.unlink();
+  if (shm_.data() != nullptr) {
+    // Peers still waiting in a collective on this rank learn that it will not come (see raise_peer_closed).
+    Ctl* me = ctl(opt_.rank);
+    me->closed_after.store(op_seq_, std::memory_order_relaxed);
+    me->closed.store(1, std::memory_order_seq_cst);
+    futex_wake_all(&me->done.value);
+  }
+  shm_.close_fd();
   shm_.unmap();
 }
 
@@ -139,71 +160,22 @@ void HostComm::check_usable(const char* what) const {
 void HostComm::begin_op(const char* what) {
   check_usable(what);
   current_ = what;
+  in_p2p_ = false;
   ++op_seq_;
   ctl(opt_.rank)->op_seq.store(op_seq_, std::memory_order_release);
-  deadline_ns_ = now_ns() + static_cast<int64_t>(opt_.timeout_s * 1e9);
+  awake_ns_ = now_ns();
+  stalled_ns_ = 0;
+  deadline_ns_ = awake_ns_ + static_cast<int64_t>(opt_.timeout_s * 1e9);
 }
 
-bool HostComm::peer_dead(int peer) const {
-  const int pid = ctl(peer)->pid.load(std::memory_order_relaxed);
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  // An exited child that its parent has not reaped yet still answers kill(); its state is Z.
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return false;
-  char buf[256] = {0};
-  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  const char* paren = std::strrchr(buf, ')');
-  return n > 0 && paren != nullptr && (paren[2] == 'Z' || paren[2] == 'X');
-}
-
-void HostComm::raise_timeout(int peer) {
-  std::vector<int> missing;
-  for (int r = 0; r < opt_.nranks; ++r) {
-    if (r != opt_.rank && ctl(r)->op_seq.load(std::memory_order_acquire) < op_seq_) missing.push_back(r);
-  }
-  if (std::find(missing.begin(), missing.end(), peer) == missing.end()) missing.insert(missing.begin(), peer);
-  std::string list;
-  for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-  const bool dead = peer_dead(peer);
-  std::string msg = std::string(current_) + " #" + std::to_string(op_seq_) + " on rank " +
-                    std::to_string(opt_.rank) + (dead ? " failed: rank " + std::to_string(peer) + " has exited"
-                                                      : " timed out after " + std::to_string(opt_.timeout_s) +
-                                                            " s waiting for rank " + std::to_string(peer)) +
-                    "; rank(s) that had not completed it: " + list;
-  throw Error(ErrorCode::kTimeout, msg, current_, __FILE__, __LINE__, missing);
-}
-
-void HostComm::wait_done(int peer, uint32_t target) { wait_word(&ctl(peer)->done, target, peer); }
-
-void HostComm::wait_word(WaitWord* w, uint32_t target, int peer) {
-  if (reached(w->value.load(std::memory_order_acquire), target)) return;
-  // Short spin first: on an idle core the peer is usually microseconds away. Yielding inside the spin lets
-  // an oversubscribed peer run on this core.
-  const int64_t spin_end = now_ns() + spin_ns_;
-  do {
-    for (int i = 0; i < 64; ++i) {
-      if (reached(w->value.load(std::memory_order_acquire), target)) return;
-      cpu_relax();
-    }
-    sched_yield();
-  } while (now_ns() < spin_end);
-  for (;;) {
-    w->sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t v = w->value.load(std::memory_order_seq_cst);
-    if (!reached(v, target)) {
-      const int64_t left = deadline_ns_ - now_ns();
-      // Wake at least every 20 ms to notice a dead or failed peer without waiting for the full timeout.
-      futex_wait(&w->value, v, std::min<int64_t>(left, 20'000'000));
-    }
-    w->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(w->value.load(std::memory_order_acquire), target)) return;
-    if (ctl(peer)->broken.load(std::memory_order_acquire) != 0) raise_peer_failed(peer);
-    if (now_ns() >= deadline_ns_ || peer_dead(peer)) raise_timeout(peer);
-  }
+void HostComm::begin_p2p(const char* what) {
+  check_usable(what);
+  current_ = what;
+  in_p2p_ = true;
+  ++p2p_seq_;
+  awake_ns_ = now_ns();
+  stalled_ns_ = 0;
+  deadline_ns_ = awake_ns_ + static_cast<int64_t>(opt_.timeout_s * 1e9);
 }
 
 void HostComm::wait_war(int half) {
@@ -223,47 +195,32 @@ void HostComm::complete_sync_step() {
   publish(&ctl(opt_.rank)->done, done_);
 }
 
-void HostComm::fail(const char* what, const Error* cause) noexcept {
-  broken_ = true;
-  if (shm_.data() == nullptr) return;
-  Ctl* me = ctl(opt_.rank);
-  int32_t code = static_cast<int32_t>(ErrorCode::kInternal);
-  int32_t blamed = -1;
-  if (cause != nullptr) {
-    code = static_cast<int32_t>(cause->code());
-    if (!cause->ranks().empty()) blamed = cause->ranks().front();
-  }
-  me->fail_code.store(code, std::memory_order_relaxed);
-  me->fail_rank.store(blamed, std::memory_order_relaxed);
-  me->broken.store(1, std::memory_order_seq_cst);
-  // Waiters re-check the broken flag when woken; the counter itself must not move.
-  futex_wake_all(&me->done.value);
-  // Peers blocked in p2p wait on this rank's pair counters: wake those too.
-  for (int q = 0; q < opt_.nranks; ++q) {
-    futex_wake_all(&pair(opt_.rank, q)->sent.value);
-    futex_wake_all(&pair(q, opt_.rank)->acked.value);
-  }
-  GPUCOLL_WARN(what, " #", op_seq_, " failed; communicator marked broken");
+void HostComm::post_sig(const algo::CallSig& sig) {
+  if (call_check_) ctl(opt_.rank)->sig[op_seq_ & 1] = sig;
 }
 
-void HostComm::raise_peer_failed(int peer) {
-  const Ctl* c = ctl(peer);
-  const auto code = static_cast<ErrorCode>(c->fail_code.load(std::memory_order_relaxed));
-  const int blamed = c->fail_rank.load(std::memory_order_relaxed);
-  const std::string head = std::string(current_) + " #" + std::to_string(op_seq_) + " failed on rank " +
-                           std::to_string(opt_.rank) + ": ";
-  if ((code == ErrorCode::kTimeout || code == ErrorCode::kRemote) && blamed >= 0 && blamed != opt_.rank) {
-    // Pass the root cause on: the rank the peer was waiting for is the one missing, not the peer.
-    const bool dead = peer_dead(blamed);
-    throw Error(code == ErrorCode::kTimeout || dead ? ErrorCode::kTimeout : ErrorCode::kRemote,
-                head + "rank " + std::to_string(blamed) + (dead ? " has exited" : " did not complete it") +
-                    " (reported by rank " + std::to_string(peer) + "); the communicator is unusable",
-                current_, __FILE__, __LINE__, {blamed});
+void HostComm::wait_all_arrived() {
+  for (int q = 0; q < opt_.nranks; ++q) {
+    if (q != opt_.rank) wait_done(q, done_);
   }
-  throw Error(ErrorCode::kRemote,
-              head + "rank " + std::to_string(peer) + " failed (" + error_code_name(code) +
-                  "); the communicator is unusable",
-              current_, __FILE__, __LINE__, {peer});
+}
+
+void HostComm::check_arrivals(const algo::CallSig& sig) {
+  if (!call_check_) return;  // (benchmarks only) the schedule's own waits follow
+  wait_all_arrived();
+  // The signatures were written before the steps just waited for were published (release/acquire).
+  const size_t slot = op_seq_ & 1;
+  bool same = true;
+  for (int q = 0; q < opt_.nranks && same; ++q) same = algo::call_sig_equal(ctl(q)->sig[slot], sig);
+  if (same) return;
+  std::vector<algo::CallSig> table(static_cast<size_t>(opt_.nranks));
+  for (int q = 0; q < opt_.nranks; ++q) table[static_cast<size_t>(q)] = ctl(q)->sig[slot];
+  // ranks(): those whose call differs from rank 0's - the same list on every rank, like the message.
+  std::vector<int> odd;
+  for (int q = 1; q < opt_.nranks; ++q) {
+    if (!algo::call_sig_equal(table[0], table[static_cast<size_t>(q)])) odd.push_back(q);
+  }
+  throw CallMismatch(algo::call_mismatch_message(table.data(), opt_.nranks), current_, odd, __FILE__, __LINE__);
 }
 
 const HostComm::Plan& HostComm::plan_for(const algo::Algorithm& a, const algo::Params& p) {
@@ -323,21 +280,30 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   p.nranks = opt_.nranks;
   p.root = a.root;
   p.local_size = a.local_size > 0 ? a.local_size : opt_.nranks;
-  if (const char* why = algorithm.unusable(p)) {
+  const algo::CallSig sig = algo::make_call_sig(
+      static_cast<uint32_t>(op_seq_), static_cast<int32_t>(a.coll), static_cast<int32_t>(a.dtype),
+      a.premul ? algo::kSigPremulSum : static_cast<int32_t>(a.op), a.root, a.count, algo_index(algorithm),
+      uses_local_size(algorithm) ? p.local_size : 0, a.auto_algo);
+  const char* why = algorithm.unusable(p);
+  if (why != nullptr && !call_check_) {
     GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
                   " here: ", why);
   }
-  const Plan& plan = plan_for(algorithm, p);
+  const uint64_t pieces_before = pieces_;
   try {
-    // A signature mismatch leaves every buffer untouched and every rank in step: not a failure of the
-    // communicator, only of this call.
-    if (debug_checks_) debug_check(a);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInvalidArgument) fail(what, &e);
+    if (why != nullptr || (a.count == 0 && call_check_)) {
+      // Nothing to move, but the call is still compared: another rank may be moving something.
+      post_sig(sig);
+      complete_sync_step();
+      check_arrivals(sig);
+    } else {
+      run_pieces(a, plan_for(algorithm, p), sig, scaled ? scale : nullptr);
+    }
+  } catch (const CallMismatch&) {
+    // Every rank raises it after the same one step; only the work-buffer half must be put back, as a rank with
+    // nothing to move took none.
+    pieces_ = pieces_before;
     throw;
-  }
-  try {
-    run_pieces(a, plan, scaled ? scale : nullptr);
   } catch (const Error& e) {
     fail(what, &e);
     throw;
@@ -345,9 +311,15 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
     fail(what, nullptr);
     throw;
   }
+  if (why != nullptr) {
+    // The same call on every rank (the check passed), so every rank refuses it here, in step.
+    GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
+                  " here: ", why);
+  }
 }
 
-void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const unsigned char* scale) {
+void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallSig& sig,
+                          const unsigned char* scale) {
   using algo::Coll;
   const Coll coll = a.coll;
   const int P = opt_.nranks;
@@ -368,6 +340,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const unsigned ch
   const bool gets_result = !rooted || coll == Coll::kBroadcast || coll == Coll::kScatter || is_root;
   const char* in = static_cast<const char*>(a.in);
   char* out = static_cast<char*>(a.out);
+  post_sig(sig);
   for (int64_t begin = 0; begin < n; begin += piece) {
     const int64_t L = std::min(piece, n - begin);
     const int half = static_cast<int>(pieces_++ % 2);
@@ -411,6 +384,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const unsigned ch
         break;
     }
     complete_step({}, half);
+    if (begin == 0) check_arrivals(sig);
 
     for (const StepPlan& sp : plan.steps) {
       wait_war(half);
@@ -457,11 +431,15 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const unsigned ch
 
 void HostComm::barrier() {
   begin_op("barrier");
+  const algo::CallSig sig = algo::make_call_sig(static_cast<uint32_t>(op_seq_), algo::kSigBarrier, 0, 0, -1, 0, -1,
+                                                0, false);
   try {
+    post_sig(sig);
     complete_sync_step();
-    for (int q = 0; q < opt_.nranks; ++q) {
-      if (q != opt_.rank) wait_done(q, done_);
-    }
+    wait_all_arrived();
+    check_arrivals(sig);
+  } catch (const CallMismatch&) {
+    throw;
   } catch (const Error& e) {
     fail("barrier", &e);
     throw;

@@ -8,6 +8,19 @@
 // Messages larger than the work buffer, or than the pipelining segment, are cut into pieces, and each piece
 // runs the whole schedule; ranks are only coupled through step counters, so successive pieces overlap across
 // ranks (a pipelined ring, not a lock-step one).
+//
+// Every collective is checked against the other ranks' calls (algo/call_sig.h): each rank writes its call's
+// signature next to its step counter before the copy-in step of the first piece publishes it, and waits for
+// every rank's copy-in step (not only the peers its first step reads) before going on. That wait costs no extra
+// round trip - the copy-in steps are published anyway, and every rank of any collective but a rooted one's root
+// needs every other rank's data before it finishes - and it is what lets every rank compare every signature
+// before anything but its own work buffer was written. A mismatch raises the same InvalidArgument on every
+// rank and leaves every counter in step, so the communicator stays usable.
+//
+// Blame is taken from evidence, in this order: a rank whose process is gone; a rank at the end of the chain of
+// who waits for whom (it waits for nobody, or for something already there: it is not running); the rank waited
+// for. A rank whose own wait was interrupted for longer than kStallNs (SIGSTOP, a debugger) does not count that
+// time against its peers, and when a peer gave up waiting for it, it says so instead of blaming that peer.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "algo/call_sig.h"
 #include "algo/registry.h"
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
@@ -27,6 +41,14 @@ namespace gpucoll::host {
 struct Ctl;      // region.h
 struct PairCtl;  // region.h
 
+// Ranks made different collective calls (algo/call_sig.h). Every rank raises it, after the same one step and
+// with the same message, so unlike other errors it leaves the communicator usable.
+class CallMismatch : public Error {
+ public:
+  CallMismatch(std::string message, const char* call, std::vector<int> ranks, const char* file, int line)
+      : Error(ErrorCode::kInvalidArgument, std::move(message), call, file, line, std::move(ranks)) {}
+};
+
 struct HostOptions {
   int rank = 0;
   int nranks = 1;
@@ -34,7 +56,6 @@ struct HostOptions {
   int64_t buffer_bytes = 16 << 20;   // work buffer per rank
   int64_t segment_bytes = 256 << 10;  // target chunk size of one schedule step
   int64_t spin_us = 50;
-  bool debug_checks = false;  // GPUCOLL_DEBUG_CHECKS
 };
 
 // One side of a point-to-point transfer; a batch of them (a group) progresses together.
@@ -55,20 +76,22 @@ struct CollArgs {
   bool premul = false;         // op is gpucoll.premul_sum(premul_scalar): a sum of the inputs times the scalar
   double premul_scalar = 1.0;  // converted to `dtype` as NCCL converts it (core/premul.h)
   int root = 0;
-  int local_size = 0;  // hierarchical schedules; 0 = nranks
+  int local_size = 0;       // hierarchical schedules; 0 = nranks
+  bool auto_algo = false;   // the algorithm was chosen by 'auto' (named as such in a mismatch error)
 };
 
 class HostComm {
  public:
-  // The creating rank (rank 0) passes create=true and a name from ShmRegion::make_name(); the others
-  // attach to that name. Call wait_attached() on every rank before the first collective.
-  HostComm(const HostOptions& options, const std::string& shm_name, bool create);
+  // The creating rank (rank 0) passes attach_to=nullptr and hands handle() to the others through the
+  // rendezvous; they pass it. Call wait_attached() on every rank before the first collective.
+  HostComm(const HostOptions& options, const ShmHandle* attach_to);
   ~HostComm();
   HostComm(const HostComm&) = delete;
   HostComm& operator=(const HostComm&) = delete;
 
-  // Waits until every rank has attached, then the name is unlinked (by the last to attach). A rank that
-  // never attaches turns into a timeout error naming it, and the name is unlinked anyway.
+  // Waits until every rank has attached, then the creator closes its descriptor (the region then lives exactly
+  // as long as the ranks' mappings). A rank that never attaches turns into a timeout error naming it. The
+  // rendezvous normally has every rank attached before this (a store barrier that names a dead rank at once).
   void wait_attached();
 
   void run(const CollArgs& args, const algo::Algorithm& algorithm);
@@ -76,15 +99,20 @@ class HostComm {
   // Runs a batch of sends and receives to completion. All of them progress together, piece by piece, so any
   // order of matching pairs completes (ncclGroupStart/End semantics); a lone send or recv is a batch of one.
   void p2p(const std::vector<P2POp>& ops);
-  // Marks the communicator closed; later calls raise InvalidUsage. Never throws.
+  // Marks the communicator closed (peers still waiting in a collective on this rank learn it); later calls
+  // raise InvalidUsage. Never throws.
   void close() noexcept;
+  // Benchmarks and tests only (gpucoll-bench --compare unchecked): turns the cross-rank call check off or on.
+  // Every rank must switch between the same two collectives. Without the check a mismatch corrupts data.
+  void set_call_check(bool on) { call_check_ = on; }
 
   int rank() const { return opt_.rank; }
   int nranks() const { return opt_.nranks; }
   uint64_t op_seq() const { return op_seq_; }
   bool closed() const { return closed_; }
   bool broken() const { return broken_; }
-  const std::string& shm_name() const { return shm_.name(); }
+  bool call_check() const { return call_check_; }
+  ShmHandle handle() const { return shm_.handle(); }
 
  private:
   struct StepPlan {
@@ -105,27 +133,46 @@ class HostComm {
   char* work(int rank, int half) const;
   const Plan& plan_for(const algo::Algorithm& a, const algo::Params& p);
   void check_usable(const char* what) const;
+  // Starts a collective (barrier included): numbers it, publishes that number, sets its deadline.
   void begin_op(const char* what);
+  // Writes this rank's signature of the current collective (before the step that publishes it).
+  void post_sig(const algo::CallSig& sig);
+  // After this rank's first step of a collective: waits for every rank's, then compares the signatures. Raises
+  // CallMismatch (an InvalidArgument) on every rank alike. Does nothing with the check off (benchmarks only).
+  void check_arrivals(const algo::CallSig& sig);
+  // Waits until every rank has completed as many steps as this one.
+  void wait_all_arrived();
   // Waits until rank `peer` has completed `target` steps; raises a timeout or remote error instead of hanging.
   void wait_done(int peer, uint32_t target);
+  // Starts a batch of sends and receives: numbered apart from the collectives, which it must not disturb.
+  void begin_p2p(const char* what);
+  // "all_reduce #12", "send #3".
+  std::string op_label() const;
+  // Time this rank was not running inside the operation (SIGSTOP, ...) moves its deadline; returns now.
+  int64_t note_awake(int64_t now);
   // Ends a step that wrote work-buffer half `half`; `readers` read this rank's buffer during it.
   void complete_step(const std::vector<int>& readers, int half);
-  // Ends a step that touched no buffer (barrier, debug check).
+  // Ends a step that touched no buffer (barrier, a call with nothing to move).
   void complete_sync_step();
   // Waits until every rank that last read half `half` of this rank's buffer has completed that step.
   void wait_war(int half);
   // Marks this communicator broken (here and, for peers, in the region) with the error that broke it.
   void fail(const char* what, const Error* cause) noexcept;
   [[noreturn]] void raise_peer_failed(int peer);
+  [[noreturn]] void raise_peer_closed(int peer, uint64_t after);
   [[noreturn]] void raise_timeout(int peer);
   bool peer_dead(int peer) const;
+  // The rank to blame for a wait on `peer` that ran out of time, and on what evidence (region.h, Blame).
+  int culprit(int peer, int32_t* how) const;
+  // One round of the slow wait on `peer`: raises if it failed, closed, exited or the deadline passed.
+  void check_peer(int peer);
 
   // `scale`: the pre-multiplier of every input element (one element of a.dtype: avg's 1/n on floating types,
   // premul_sum's scalar), or nullptr.
-  void run_pieces(const CollArgs& a, const Plan& plan, const unsigned char* scale);
-  void debug_check(const CollArgs& a);
-  // Waits until `word` reaches target, for a peer's p2p counter; same timeout/dead-peer rules as wait_done.
-  void wait_word(WaitWord* w, uint32_t target, int peer);
+  void run_pieces(const CollArgs& a, const Plan& plan, const algo::CallSig& sig, const unsigned char* scale);
+  // Waits until `word` reaches target; same timeout/dead-peer rules as wait_done. `published` is what this rank
+  // says it waits for (the peer's step count, or kP2PWait), for peers that follow the chain of waits.
+  void wait_word(WaitWord* w, uint32_t target, int peer, uint32_t published);
 
   HostOptions opt_;
   ShmRegion shm_;
@@ -133,7 +180,7 @@ class HostComm {
   size_t pair_offset_ = 0;
   size_t slot_offset_ = 0;
   size_t slot_bytes_ = 0;
-  bool debug_checks_ = false;
+  bool call_check_ = true;
   std::vector<uint32_t> p2p_sent_;   // pieces this rank has sent to each peer
   std::vector<uint32_t> p2p_recvd_;  // pieces this rank has received from each peer
   uint32_t done_ = 0;             // steps this rank has completed (mirrors its control word)
@@ -143,9 +190,18 @@ class HostComm {
   };
   War war_[2];
   uint64_t pieces_ = 0;  // pieces run so far; its parity picks the work-buffer half
-  uint64_t op_seq_ = 0;
+  uint64_t op_seq_ = 0;  // collectives (barriers included) begun; point-to-point calls do not count
+  uint64_t p2p_seq_ = 0;  // point-to-point batches begun, for messages only
   const char* current_ = "init";
   int64_t deadline_ns_ = 0;
+  int64_t awake_ns_ = 0;    // when this rank was last seen running inside an operation (waits.cc, kStallNs)
+  int64_t stalled_ns_ = 0;  // how long it was not, in this operation
+  bool in_p2p_ = false;
+  struct Blamed {
+    int rank = -1;
+    int32_t how = 0;  // Blame
+  };
+  Blamed last_blame_;  // what the last raise_* blamed; fail() publishes it to the peers
   int64_t spin_ns_ = 0;
   bool closed_ = false;
   bool broken_ = false;

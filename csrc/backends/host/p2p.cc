@@ -1,9 +1,10 @@
-// Point-to-point transfers and GPUCOLL_DEBUG_CHECKS for the host backend (HostComm members).
+// Point-to-point transfers for the host backend (HostComm members).
 //
 // p2p uses per-pair channels in the region (region.h): two slots per ordered pair and two counters, `sent`
 // (written by the sender) and `acked` (written by the receiver), both counting pieces over the pair's
 // lifetime. A batch (a group) progresses all its transfers together, piece by piece, so any order of matching
-// sends and receives completes.
+// sends and receives completes. Point-to-point calls are numbered apart from collectives and never touch the
+// step counters: ranks that send and receive between some of them stay in step for the collectives of all.
 #include <sched.h>
 
 #include <algorithm>
@@ -15,51 +16,8 @@
 
 namespace gpucoll::host {
 
-namespace {
-constexpr int32_t kPremulOpId = 1000;  // the op of a premul_sum in the debug descriptor (not a RedOp value)
-}  // namespace
-
-void HostComm::debug_check(const CollArgs& a) {
-  // Publish this op's descriptor, make it a step (so every rank's descriptor is visible after it), then
-  // compare. All ranks read the same table and so raise the same error. Two slots alternate by op parity:
-  // the slot of op k+2 is written only after every rank passed op k+1's check step, i.e. finished reading k.
-  OpDesc& mine = ctl(opt_.rank)->desc[op_seq_ % 2];
-  mine.coll = static_cast<int32_t>(a.coll);
-  mine.dtype = static_cast<int32_t>(a.dtype);
-  mine.op = !algo::coll_reduces(a.coll) ? -1 : a.premul ? kPremulOpId : static_cast<int32_t>(a.op);
-  mine.root = algo::coll_is_rooted(a.coll) ? a.root : -1;
-  mine.count = a.count;
-  mine.seq = op_seq_;
-  complete_sync_step();
-  for (int q = 0; q < opt_.nranks; ++q) {
-    if (q != opt_.rank) wait_done(q, done_);
-  }
-  bool same = true;
-  for (int q = 0; q < opt_.nranks && same; ++q) {
-    const OpDesc& d = ctl(q)->desc[op_seq_ % 2];
-    same = d.coll == mine.coll && d.dtype == mine.dtype && d.op == mine.op && d.root == mine.root &&
-           d.count == mine.count && d.seq == mine.seq;
-  }
-  if (same) return;
-  std::string table;
-  for (int q = 0; q < opt_.nranks; ++q) {
-    const OpDesc& d = ctl(q)->desc[op_seq_ % 2];
-    table += "\n  rank " + std::to_string(q) + ": " + algo::coll_name(static_cast<algo::Coll>(d.coll)) + " #" +
-             std::to_string(d.seq) + " dtype=" + dtype_name(static_cast<DType>(d.dtype)) +
-             " count=" + std::to_string(d.count) +
-             (d.op == kPremulOpId ? std::string(" op=premul_sum")
-              : d.op >= 0    ? std::string(" op=") + redop_name(static_cast<RedOp>(d.op))
-                             : std::string()) +
-             (d.root >= 0 ? " root=" + std::to_string(d.root) : std::string());
-  }
-  // Everyone raises; nobody touched data, so the communicator stays usable.
-  throw Error(ErrorCode::kInvalidArgument,
-              "GPUCOLL_DEBUG_CHECKS: ranks disagree on collective #" + std::to_string(op_seq_) + ":" + table,
-              "debug_check", __FILE__, __LINE__);
-}
-
 void HostComm::p2p(const std::vector<P2POp>& ops) {
-  begin_op(ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "group");
+  begin_p2p(ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "group");
   struct Progress {
     const P2POp* op;
     uint64_t first_piece;  // the pair counter value of this message's first piece
@@ -129,6 +87,7 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
         if (pr.next == pr.npieces) --remaining;
       }
       if (progressed) {
+        if (idle_rounds >= 64) ctl(opt_.rank)->waiting.store(0, std::memory_order_relaxed);
         idle_rounds = 0;
       } else if (blocked != nullptr) {
         // Nothing could move. Sleep briefly on one blocked transfer's counter, then rescan all of them: another
@@ -139,17 +98,24 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
           cpu_relax();
           if (idle_rounds % 8 == 0) sched_yield();
         } else {
+          const int64_t now = note_awake(now_ns());
+          ctl(opt_.rank)->waiting.store((static_cast<uint64_t>(op.peer) + 1) << 32 | kP2PWait,
+                                        std::memory_order_relaxed);
           w->sleepers.fetch_add(1, std::memory_order_seq_cst);
           const uint32_t v = w->value.load(std::memory_order_seq_cst);
           const uint64_t piece = blocked->first_piece + blocked->next;
           const uint32_t target = static_cast<uint32_t>(op.send ? piece + 1 - kP2PSlots : piece + 1);
-          if (!reached(v, target)) futex_wait(&w->value, v, std::min<int64_t>(deadline_ns_ - now_ns(), 2'000'000));
+          if (!reached(v, target)) futex_wait(&w->value, v, std::min<int64_t>(deadline_ns_ - now, 2'000'000));
           w->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-          if (ctl(op.peer)->broken.load(std::memory_order_acquire) != 0) raise_peer_failed(op.peer);
-          if (now_ns() >= deadline_ns_ || peer_dead(op.peer)) raise_timeout(op.peer);
+          // Evidence against the peer only while what this rank waits for is still missing (a peer may send and
+          // then close), and not right after this process was stopped (note_awake accounts for that first).
+          if (!reached(w->value.load(std::memory_order_acquire), target) && now_ns() - awake_ns_ <= 1'000'000'000) {
+            check_peer(op.peer);
+          }
         }
       }
     }
+    ctl(opt_.rank)->waiting.store(0, std::memory_order_relaxed);
   } catch (const Error& e) {
     fail(current_, &e);
     throw;

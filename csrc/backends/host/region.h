@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "algo/call_sig.h"
 #include "backends/host/sync.h"
 
 namespace gpucoll::host {
@@ -26,38 +27,54 @@ struct RegionHeader {
   int32_t reserved;
   uint64_t buffer_bytes;
   uint64_t slot_bytes;
+  // Random, from the creator; an attaching rank compares it with the token it got through the rendezvous, so a
+  // file that merely looks like a region (another job's, a stale fd number) is never used.
+  uint64_t token[2];
   std::atomic<uint32_t> attached;  // ranks attached so far
 };
 
-// Descriptor of a collective for GPUCOLL_DEBUG_CHECKS: ranks compare these before running it.
-struct OpDesc {
-  int32_t coll;
-  int32_t dtype;
-  int32_t op;
-  int32_t root;
-  int64_t count;
-  uint64_t seq;
+// What a rank's failure says to the peers that wait on it (Ctl::fail_how).
+enum class Blame : int32_t {
+  kNone = 0,     // no rank to blame (an internal error, a local failure)
+  kExited = 1,   // fail_rank's process was seen gone (kill(pid, 0) / its /proc state): evidence
+  kWaited = 2,   // fail_rank holds the others up: it waits for no rank (or is the rank waited for)
+  kClosed = 3,   // fail_rank closed the communicator while this rank was inside a collective
+  kStalled = 4,  // fail_rank's wait was over but it did not go on: it is not running (stopped, starved)
 };
 
 struct Ctl {
-  WaitWord done;  // schedule steps completed; peers wait on it
+  // The step counter and this rank's call signatures share one cache line: the owner writes the signature of
+  // collective k, then publishes the copy-in step of its first piece, and a peer that sees the count reads the
+  // signature from the line it has just loaded. Two signatures alternate by parity: the one of k+2 is written
+  // only after every rank has passed the check of k+1, i.e. finished reading k's.
+  alignas(64) WaitWord done;  // schedule steps completed; peers wait on it
+  algo::CallSig sig[2];
   alignas(64) std::atomic<uint64_t> op_seq;  // collectives entered, for "who had not reached it" reports
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> broken;  // this rank abandoned a collective: peers fail fast instead of timing out
-  // Why it did, written before `broken` is set: the error code and the rank it blamed (-1: none). A rank that
-  // waits on a broken peer reports that root cause, so a dead rank is named by every survivor, not only by
-  // its neighbours.
+  // Why it did, written before `broken` is set: the error code, the rank it blamed (-1: none) and on what
+  // grounds (Blame). A rank that waits on a broken peer reports that root cause, so a dead rank is named by
+  // every survivor, not only by its neighbours, and a rank that was late learns that it was the one waited for.
   std::atomic<int32_t> fail_code;
   std::atomic<int32_t> fail_rank;
-  OpDesc desc[2];                // GPUCOLL_DEBUG_CHECKS, alternating by op parity
+  std::atomic<int32_t> fail_how;
+  // close() was called after this many collectives (0: open). A rank waiting in a later collective on this one
+  // names the real cause, ranks that made different numbers of calls, instead of a timeout.
+  std::atomic<uint64_t> closed_after;
+  std::atomic<uint32_t> closed;
+  // While this rank sleeps in a wait: (peer + 1) << 32 | the step count it waits for (kP2PWait: a p2p
+  // counter); 0 otherwise. Peers that time out follow these to the rank that holds everyone up.
+  std::atomic<uint64_t> waiting;
 };
+constexpr uint32_t kP2PWait = 0xFFFFFFFFu;
+static_assert(offsetof(Ctl, sig) + sizeof(Ctl::sig) <= 64, "done and the signatures must share a cache line");
 
 // One per ordered pair (src -> dst). `sent` is written only by src, `acked` only by dst; both count pieces
 // over the pair's lifetime, so neither side needs to reset anything between messages.
 struct PairCtl {
-  WaitWord sent;
-  WaitWord acked;
+  alignas(64) WaitWord sent;
+  alignas(64) WaitWord acked;
 };
 
 // Header of a p2p slot, written by the sender before it publishes the piece.

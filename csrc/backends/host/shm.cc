@@ -13,64 +13,70 @@
 namespace gpucoll::host {
 
 ShmRegion::~ShmRegion() {
-  unlink();
+  close_fd();
   unmap();
 }
 
-std::string ShmRegion::make_name() {
-  std::random_device rd;
-  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "/gpucoll-%d-%016llx", static_cast<int>(getpid()),
-                static_cast<unsigned long long>(r));
-  return buf;
-}
-
-void ShmRegion::create(const std::string& name, size_t bytes) {
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) GPUCOLL_SYSCALL_FAIL("shm_open(" + name + ", O_CREAT|O_EXCL)", errno);
-  name_ = name;
-  linked_ = true;
+void ShmRegion::create(size_t bytes) {
+  const int fd = memfd_create("gpucoll-host", MFD_CLOEXEC);
+  if (fd < 0) GPUCOLL_SYSCALL_FAIL("memfd_create(gpucoll-host)", errno);
+  what_ = "memfd of pid " + std::to_string(getpid());
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;
-    close(fd);
-    unlink();
-    GPUCOLL_SYSCALL_FAIL("ftruncate(" + name + ", " + std::to_string(bytes) + ")", err);
+    ::close(fd);
+    GPUCOLL_SYSCALL_FAIL("ftruncate(" + what_ + ", " + std::to_string(bytes) + ")", err);
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);
   if (p == MAP_FAILED) {
-    unlink();
-    GPUCOLL_SYSCALL_FAIL("mmap(" + name + ", " + std::to_string(bytes) + " bytes)", err);
+    const int err = errno;
+    ::close(fd);
+    GPUCOLL_SYSCALL_FAIL("mmap(" + what_ + ", " + std::to_string(bytes) + " bytes)", err);
   }
+  std::random_device rd;
+  for (uint64_t& t : handle_.token) t = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  handle_.pid = getpid();
+  handle_.fd = fd;
+  fd_ = fd;
   data_ = p;
   size_ = bytes;
 }
 
-void ShmRegion::attach(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) GPUCOLL_SYSCALL_FAIL("shm_open(" + name + ")", errno);
+void ShmRegion::attach(const ShmHandle& h) {
+  // The values came over the network: bound them before they form a path (a pid_t and an fd are both ints).
+  GPUCOLL_CHECK_ARG(h.pid > 0 && h.pid <= 0x7fffffff && h.fd >= 0 && h.fd <= 0x7fffffff,
+                    "the host backend's region handle is malformed: pid=", h.pid, " fd=", h.fd);
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(h.pid), static_cast<int>(h.fd));
+  what_ = path;
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) GPUCOLL_SYSCALL_FAIL(std::string("open(") + path + ")", errno);
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
-    close(fd);
-    GPUCOLL_SYSCALL_FAIL("fstat(" + name + ")", err);
+    ::close(fd);
+    GPUCOLL_SYSCALL_FAIL(std::string("fstat(") + path + ")", err);
+  }
+  // Only a non-empty regular file of this user. (root can open anyone's descriptors through /proc: the owner
+  // check keeps a rank running as root out of another user's file.) The caller checks the header and the token.
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_size <= 0) {
+    ::close(fd);
+    GPUCOLL_INVALID_ARG("the host backend's region at ", path, " is not this job's: expected a regular file of uid ",
+                        geteuid(), ", found ", (S_ISREG(st.st_mode) ? "a regular" : "a non-regular"), " file of uid ",
+                        st.st_uid, " and ", st.st_size, " bytes");
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) GPUCOLL_SYSCALL_FAIL("mmap(" + name + ")", err);
-  name_ = name;
+  ::close(fd);
+  if (p == MAP_FAILED) GPUCOLL_SYSCALL_FAIL(std::string("mmap(") + path + ")", err);
   data_ = p;
   size_ = bytes;
-  linked_ = true;
 }
 
-void ShmRegion::unlink() noexcept {
-  if (linked_ && !name_.empty()) shm_unlink(name_.c_str());
-  linked_ = false;
+void ShmRegion::close_fd() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  handle_.fd = -1;
 }
 
 void ShmRegion::unmap() noexcept {

@@ -1,15 +1,26 @@
-// A POSIX shared-memory region shared by the ranks of one host (shm_open + mmap, mode 0600).
+// The shared-memory region of one host's ranks: an anonymous file (memfd) that has no name anywhere.
 //
-// Rank 0 creates it under a random name, the other ranks attach by that name (exchanged through the
-// rendezvous store), and the name is unlinked as soon as every rank has attached: from then on the mapping
-// lives exactly as long as the processes do, so a crash leaves nothing behind in /dev/shm. No Python
-// resource tracker is involved (FACTS.md: Python's shared_memory unlinks segments on attachers' exit).
+// Rank 0 creates it and keeps its descriptor open until every rank has attached; the others open it through
+// /proc/<rank 0's pid>/fd/<fd>, a path each builds itself from two integers it got through the rendezvous, and
+// check that the file belongs to their own user. Nothing is ever linked in /dev/shm, so no kill timing can
+// leave a segment behind: the memory lives exactly as long as some rank maps it. (A named POSIX segment had a
+// window, from creation until the last rank attached and unlinked it, in which a SIGKILLed job leaked it.)
+// No Python resource tracker is involved (FACTS.md: Python's shared_memory unlinks segments on attachers' exit).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace gpucoll::host {
+
+// What an attaching rank needs: the creator's pid and descriptor (the /proc path is built from them locally)
+// and the random token in the region's header.
+struct ShmHandle {
+  int64_t pid = 0;
+  int64_t fd = -1;
+  uint64_t token[2] = {0, 0};
+};
 
 class ShmRegion {
  public:
@@ -18,26 +29,28 @@ class ShmRegion {
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;
 
-  // A fresh, unguessable name: "/gpucoll-<pid>-<random>".
-  static std::string make_name();
-  // Create (O_EXCL) and size a zero-filled region; throws kSystem naming the call on failure.
-  void create(const std::string& name, size_t bytes);
-  // Attach to an existing region; its size is read from the file.
-  void attach(const std::string& name);
-  // Remove the name; idempotent, never throws (ENOENT is fine: another rank got there first).
-  void unlink() noexcept;
+  // Create and size a zero-filled region (memfd_create, ftruncate, mmap) and draw its token; throws kSystem
+  // naming the call on failure.
+  void create(size_t bytes);
+  // Map the region of `h`; throws kSystem (open, fstat, mmap) or kInvalidArgument (a malformed handle, not a
+  // regular file of this user) naming /proc/<pid>/fd/<fd>. The caller checks the header and the token.
+  void attach(const ShmHandle& h);
+  // The creator's descriptor is no longer needed once every rank has attached; idempotent, never throws.
+  void close_fd() noexcept;
   void unmap() noexcept;
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
-  const std::string& name() const { return name_; }
-  bool linked() const { return linked_; }
+  // The creator's handle (pid, fd, token); fd is -1 once close_fd() ran.
+  ShmHandle handle() const { return handle_; }
+  const std::string& describe() const { return what_; }
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
-  std::string name_;
-  bool linked_ = false;
+  int fd_ = -1;
+  ShmHandle handle_;
+  std::string what_ = "(no region)";
 };
 
 }  // namespace gpucoll::host

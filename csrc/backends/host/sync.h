@@ -13,8 +13,9 @@ namespace gpucoll::host {
 
 // A 32-bit counter that other processes wait on. `sleepers` lets the publisher skip the wake syscall when
 // nobody sleeps: the waiter increments sleepers then re-reads value, the publisher writes value then reads
-// sleepers, both seq_cst, so at least one of them sees the other (no lost wake-up).
-struct alignas(64) WaitWord {
+// sleepers, both seq_cst, so at least one of them sees the other (no lost wake-up). Users give it its own cache
+// line (alignas(64) where it is declared), or share the line with data its one writer publishes through it.
+struct WaitWord {
   std::atomic<uint32_t> value;
   std::atomic<uint32_t> sleepers;
 };

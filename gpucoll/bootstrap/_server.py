@@ -1,0 +1,589 @@
+"""The rendezvous store's server: one thread, one event loop (epoll through ``selectors``) over every connection.
+
+It lives in rank 0's process and must keep serving the job whatever else reaches its port, so every resource a
+peer can make it spend is bounded:
+
+* nothing is read from a connection that has not answered the challenge (_wire.py) with the job's secret but the
+  fixed-size answer itself, within ``handshake_timeout``; a wrong magic (HTTP, a port scanner) is dropped at the
+  fourth byte;
+* at most ``max_pending`` connections may be unauthenticated at once: a new one evicts the oldest (a rank that
+  answers in a round trip is never the oldest for long, an idle attacker always is), and ``max_conns`` bounds all
+  of them (from the file-descriptor limit, so rank 0 keeps descriptors of its own);
+* a frame must arrive whole within ``frame_timeout`` of its first byte (one byte every 20 s does not keep it
+  open), at most ``MAX_FRAME`` long, and the bytes buffered for all connections together stay under
+  ``max_buffered``: a connection that would pass it is dropped.
+
+Blocking requests (``get``, ``wait``) park the connection, not a thread. Ranks register on their connection
+(``_OP_REGISTER``); a registered rank whose last connection closes without a goodbye is *lost* once there is
+evidence: its process is gone (same kernel and pid namespace: checked at once), or it has not come back within
+``lost_grace`` (another host). Every parked request, and every later one that would have to wait, is then
+answered ``_ST_LOST`` naming it, so a rank killed during rendezvous is named in milliseconds, not after the
+timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import hmac
+import math
+import os
+import resource
+import secrets
+import selectors
+import socket
+import threading
+import time
+
+from gpucoll import errors
+from gpucoll.bootstrap import _wire as w
+from gpucoll.errors import RemoteError
+
+
+def host_identity() -> str:
+    """This kernel and pid namespace: equal on two processes iff a pid from one is meaningful to the other."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def pid_exited(pid: int) -> bool:
+    """True when `pid` is gone or a zombie (exited, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # exists, someone else's
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
+    except (OSError, ValueError):
+        return False
+
+
+def _default_max_conns() -> int:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(32, min(4096, soft - 128))
+
+
+@dataclasses.dataclass
+class Limits:
+    max_conns: int = dataclasses.field(default_factory=_default_max_conns)
+    max_pending: int = 128
+    handshake_timeout: float = w._HANDSHAKE_TIMEOUT
+    frame_timeout: float = w._FRAME_TIMEOUT
+    max_buffered: int = 256 << 20
+    lost_grace: float = 3.0
+
+
+class _Conn:
+    __slots__ = ("authed", "clean", "closed", "frame_since", "local", "nonce", "peer", "pid", "rank",
+                 "rbuf", "since", "sock", "waiter", "wbuf", "writing")
+
+    def __init__(self, sock, peer, nonce: bytes, now: float):
+        self.sock, self.peer, self.nonce = sock, peer, nonce
+        self.rbuf, self.wbuf = bytearray(), bytearray()
+        self.authed = self.clean = self.closed = self.writing = False
+        self.since = now  # accepted at (handshake deadline)
+        self.frame_since = None  # first byte of the frame being received
+        self.rank = self.pid = None
+        self.local = False
+        self.waiter = None
+
+
+class _Waiter:
+    __slots__ = ("conn", "deadline", "done", "keys", "op")
+
+    def __init__(self, conn, op, keys, deadline):
+        self.conn, self.op, self.keys, self.deadline, self.done = conn, op, keys, deadline, False
+
+    def __lt__(self, other):  # heap ties
+        return id(self) < id(other)
+
+
+class Server:
+    """The store's data and its event loop; ``close()`` stops it. Used by TCPStore(is_server=True)."""
+
+    def __init__(self, host: str, port: int, key: bytes, warn, limits: Limits | None = None):
+        self._key, self._warn = key, warn
+        self.limits = limits or Limits()
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                           flags=socket.AI_PASSIVE)[0]
+        except socket.gaierror as e:
+            raise errors.InvalidArgument(f"host={host!r} cannot be resolved to an address to bind: {e}") from None
+        self._lsock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # SO_REUSEADDR: a restarted job can take the port back while old connections sit in TIME_WAIT.
+            self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._lsock.bind(sockaddr)
+            self._lsock.listen(socket.SOMAXCONN)
+        except OSError as e:
+            self._lsock.close()
+            raise errors.SystemError(f"cannot listen on {host}:{port} for the rendezvous store: {e.strerror or e} "
+                                     f"(errno {e.errno})", call=f"bind({sockaddr!r})") from None
+        self._lsock.setblocking(False)
+        self.address = self._lsock.getsockname()
+        self._identity = host_identity()
+        self._data: dict = {}
+        self._conns: set = set()
+        self._pending: dict = {}  # unauthenticated connections, oldest first (dicts keep insertion order)
+        self._receiving: set = set()  # connections in the middle of a frame
+        self._waiters_by_key: dict = {}
+        self._deadlines: list = []  # heap of (deadline, waiter)
+        self._ranks: dict = {}  # rank -> live registered connections
+        self._suspects: dict = {}  # rank -> (pid or None, local, since): closed without a goodbye
+        self._lost: dict = {}  # rank -> why
+        self._told: set = set()  # ranks sent a lost reply, or gone (no live connection left)
+        self._buffered = 0
+        self._warned: dict = {}  # message kind -> (last time, warnings skipped since): the rate limit
+        self._dropped: dict = {}  # kind -> connections dropped for it
+        self._closed = False
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._lsock, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._run, name=f"gpucoll-store:{self.address[1]}", daemon=True)
+        self._thread.start()
+
+    # -- observability (tests) ----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {"conns": len(self._conns), "pending": len(self._pending), "buffered": self._buffered,
+                "keys": len(self._data), "lost": dict(self._lost), "dropped": dict(self._dropped)}
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._closed:
+                for key, mask in self._sel.select(self._next_timeout()):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(64)
+                    else:
+                        conn = key.data
+                        if mask & selectors.EVENT_WRITE and not conn.closed:
+                            self._flush(conn)
+                        if mask & selectors.EVENT_READ and not conn.closed:
+                            self._on_readable(conn)
+                self._on_timers()
+        except Exception as e:  # noqa: BLE001 - a bug must be reported, not kill the job silently
+            self._warn(f"rendezvous store: the server loop failed: {type(e).__name__}: {e}")
+        finally:
+            self._shutdown()
+
+    def _next_timeout(self) -> float | None:
+        timeout = None
+        if self._deadlines:
+            timeout = max(0.0, self._deadlines[0][0] - time.monotonic())
+        if self._pending or self._receiving or self._suspects:
+            timeout = 0.02 if timeout is None else min(timeout, 0.02)
+        return timeout
+
+    def _on_timers(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, waiter = heapq.heappop(self._deadlines)
+            if not waiter.done:
+                self._finish(waiter, self._timeout_reply(waiter))
+        for conn in [c for c in self._pending if now - c.since > self.limits.handshake_timeout]:
+            self._drop(conn, f"no authentication within {self.limits.handshake_timeout:g} s", "slow")
+        for conn in [c for c in self._receiving if now - c.frame_since > self.limits.frame_timeout]:
+            self._drop(conn, f"a frame did not arrive whole within {self.limits.frame_timeout:g} s", "slow")
+        if self._suspects:
+            self._judge_suspects(now)
+
+    # -- connections ----------------------------------------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst of connections must not starve the established ones
+            try:
+                sock, peer = self._lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE, ECONNABORTED...: keep serving the others
+                self._warn_limited("accept", f"rendezvous store: accept() failed: {e}")
+                if self._pending:
+                    self._drop(next(iter(self._pending)), "evicted to free a descriptor", "evict", w.AUTH_BUSY)
+                return
+            if self._pending and (len(self._pending) >= self.limits.max_pending
+                                  or len(self._conns) >= self.limits.max_conns):
+                self._drop(next(iter(self._pending)), "evicted by a newer unauthenticated connection", "evict",
+                           w.AUTH_BUSY)
+            if len(self._conns) >= self.limits.max_conns:
+                self._warn_limited("full", f"rendezvous store: refusing {peer}: {len(self._conns)} connections open")
+                sock.close()
+                continue
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, peer, secrets.token_bytes(w.NONCE_BYTES), time.monotonic())
+            self._conns.add(conn)
+            self._pending[conn] = None
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._send(conn, w.HELLO_MAGIC + bytes([w.PROTOCOL_VERSION]) + conn.nonce)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        room = w.RESPONSE_BYTES - len(conn.rbuf) if not conn.authed else 1 << 20
+        try:
+            data = conn.sock.recv(room)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._close(conn, f"connection error: {e}")
+            return
+        if not data:
+            partial = bool(conn.rbuf) and conn.authed
+            self._close(conn, "closed inside a frame" if partial else None)
+            return
+        if not conn.authed:
+            self._handshake(conn, data)
+            return
+        while self._buffered + len(data) > self.limits.max_buffered:
+            # Over the cap: the connection holding the most goes (a member flooding the store, not the ranks
+            # whose small requests happen to arrive at that moment).
+            hog = max(self._receiving, key=lambda c: len(c.rbuf), default=None)
+            if hog is None or len(hog.rbuf) < len(conn.rbuf) + len(data):
+                hog = conn
+            self._drop(hog, f"the store's buffers would exceed {self.limits.max_buffered} bytes", "memory")
+            if hog is conn:
+                return
+        if not conn.rbuf:
+            conn.frame_since = time.monotonic()
+            self._receiving.add(conn)
+        conn.rbuf += data
+        self._buffered += len(data)
+        self._take_frames(conn)
+
+    def _handshake(self, conn: _Conn, data: bytes) -> None:
+        conn.rbuf += data
+        head = bytes(conn.rbuf[:len(w.HELLO_MAGIC)])
+        if head != w.HELLO_MAGIC[:len(head)]:
+            self._drop(conn, f"bad magic {head!r} (not a gpucoll client?)", "magic")
+            return
+        if len(conn.rbuf) < w.RESPONSE_BYTES:
+            return
+        nonce = bytes(conn.rbuf[4:4 + w.NONCE_BYTES])
+        mac = bytes(conn.rbuf[4 + w.NONCE_BYTES:])
+        conn.rbuf.clear()
+        if not hmac.compare_digest(mac, w.client_mac(self._key, conn.nonce, nonce)):
+            self._drop(conn, "authentication failed (it does not know this job's secret)", "auth", w.AUTH_DENIED)
+            return
+        conn.authed = True
+        del self._pending[conn]
+        self._send(conn, bytes([w.AUTH_OK]) + w.server_mac(self._key, conn.nonce, nonce))
+
+    def _take_frames(self, conn: _Conn) -> None:
+        buf = conn.rbuf
+        while conn.waiter is None and not conn.closed and len(buf) >= w._HEADER.size:
+            magic, length = w._HEADER.unpack_from(buf)
+            if magic != w.MAGIC:
+                self._drop(conn, f"bad frame magic {bytes(magic)!r}", "magic")
+                return
+            if length > w.MAX_FRAME:
+                self._drop(conn, f"frame length {length} exceeds {w.MAX_FRAME}", "frame")
+                return
+            end = w._HEADER.size + length
+            if len(buf) < end:
+                return
+            payload = bytes(buf[w._HEADER.size:end])
+            del buf[:end]
+            self._buffered -= end
+            if buf:
+                conn.frame_since = time.monotonic()
+            else:
+                self._receiving.discard(conn)
+            try:
+                reply = self._dispatch(conn, payload)
+            except w._ProtocolError as e:
+                self._drop(conn, f"undecodable command: {e}", "protocol")
+                return
+            if reply is not None:
+                self._send(conn, reply)
+        if conn.waiter is not None:
+            self._receiving.discard(conn)  # what follows a parked request waits; its deadline starts later
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        if len(conn.wbuf) + len(data) > w.MAX_FRAME + (1 << 20):
+            self._drop(conn, "it does not read its replies", "memory")
+            return
+        conn.wbuf += data
+        self._buffered += len(data)
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.wbuf) if conn.wbuf else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as e:
+            self._close(conn, f"connection error: {e}")
+            return
+        del conn.wbuf[:sent]
+        self._buffered -= sent
+        writing = bool(conn.wbuf)
+        if writing != conn.writing:
+            conn.writing = writing
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
+            self._sel.modify(conn.sock, events, conn)
+
+    def _drop(self, conn: _Conn, why: str, kind: str, verdict: int | None = None) -> None:
+        self._dropped[kind] = self._dropped.get(kind, 0) + 1
+        message = f"rendezvous store: dropping {conn.peer}: {why}"
+        if conn.authed:
+            self._warn(message)  # a member's mistake: each one is worth seeing
+        else:
+            self._warn_limited(kind, message)
+        if verdict is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.send(bytes([verdict]))
+        self._close(conn, None, dropped=True)
+
+    def _close(self, conn: _Conn, why: str | None, dropped: bool = False) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if why is not None and conn.authed and not conn.clean:
+            self._warn_limited("closed", f"rendezvous store: connection from {conn.peer}: {why}")
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(conn.sock)
+        conn.sock.close()
+        self._conns.discard(conn)
+        self._pending.pop(conn, None)
+        self._receiving.discard(conn)
+        self._buffered -= len(conn.rbuf) if conn.authed else 0
+        self._buffered -= len(conn.wbuf)
+        conn.rbuf, conn.wbuf = bytearray(), bytearray()
+        if conn.waiter is not None:
+            self._unpark(conn.waiter)
+            conn.waiter = None
+        if conn.rank is not None:
+            live = self._ranks.get(conn.rank)
+            if live is not None:
+                live.discard(conn)
+                if not live:
+                    del self._ranks[conn.rank]
+                    self._told.add(conn.rank)
+                    if not conn.clean and not self._closed:
+                        self._suspects[conn.rank] = (conn.pid, conn.local, time.monotonic())
+                        self._judge_suspects(time.monotonic())
+
+    # -- liveness ---------------------------------------------------------------------------------------------------
+    def _judge_suspects(self, now: float) -> None:
+        for rank, (pid, local, since) in list(self._suspects.items()):
+            if rank in self._ranks:  # it came back
+                del self._suspects[rank]
+            elif local and pid is not None and pid_exited(pid):
+                del self._suspects[rank]
+                self._mark_lost(rank, f"its process (pid {pid}) has exited")
+            elif now - since > self.limits.lost_grace:
+                del self._suspects[rank]
+                if local:
+                    continue  # alive on this host: it dropped the connection itself and will reconnect
+                self._mark_lost(rank, f"its connection closed and it did not reconnect within "
+                                      f"{self.limits.lost_grace:g} s")
+
+    def _mark_lost(self, rank: int, why: str) -> None:
+        self._lost[rank] = why
+        for waiter in [wt for ws in self._waiters_by_key.values() for wt in ws]:
+            if not waiter.done:
+                self._finish(waiter, self._tell_lost(waiter.conn))
+
+    def _tell_lost(self, conn: _Conn) -> bytes:
+        if conn.rank is not None:
+            self._told.add(conn.rank)
+        return self._lost_reply()
+
+    def _lost_reply(self) -> bytes:
+        out = w._Writer().u8(w._ST_LOST).u32(len(self._lost))
+        for rank, why in self._lost.items():  # in the order they were lost: the first is the root cause
+            out.i32(rank).str(why)
+        return out.frame()
+
+    # -- commands -----------------------------------------------------------------------------------------------------
+    def _dispatch(self, conn: _Conn, payload: bytes) -> bytes | None:
+        r = w._Reader(payload)
+        op = r.u8()
+        out = w._Writer()
+        data = self._data
+        if op == w._OP_SET:
+            key, value = r.str(), r.blob()
+            r.end()
+            data[key] = value
+            self._wake(key)
+            out.u8(w._ST_OK)
+        elif op == w._OP_GET:
+            key, timeout = r.str(), self._timeout(r)
+            r.end()
+            if key in data:
+                return out.u8(w._ST_OK).blob(data[key]).frame()
+            return self._park(conn, w._OP_GET, [key], timeout)
+        elif op == w._OP_ADD:
+            key, amount = r.str(), r.i64()
+            r.end()
+            try:
+                new = int(data.get(key, b"0").decode("ascii")) + amount
+            except (UnicodeDecodeError, ValueError):
+                return self._error(errors.InvalidArgument, f"add: key {key!r} holds a value that is not a counter")
+            if not w._INT64_MIN <= new <= w._INT64_MAX:
+                return self._error(errors.InvalidArgument, f"add: counter {key!r} would overflow int64")
+            # Counters are stored as ASCII decimal (as torch's TCPStore does), so get() reads them too.
+            data[key] = str(new).encode("ascii")
+            self._wake(key)
+            out.u8(w._ST_OK).i64(new)
+        elif op == w._OP_CHECK:
+            keys = r.strs()
+            r.end()
+            out.u8(w._ST_OK).blob(bytes(1 if k in data else 0 for k in keys))
+        elif op == w._OP_DELETE:
+            key = r.str()
+            r.end()
+            out.u8(w._ST_OK).u8(1 if data.pop(key, None) is not None else 0)
+        elif op == w._OP_WAIT:
+            timeout, keys = self._timeout(r), r.strs()
+            r.end()
+            if all(k in data for k in keys):
+                return out.u8(w._ST_OK).frame()
+            return self._park(conn, w._OP_WAIT, keys, timeout)
+        elif op == w._OP_REGISTER:
+            rank, pid, identity = r.i32(), r.i64(), r.str()
+            r.end()
+            if rank < 0 or not 0 < pid < 2**31:
+                raise w._ProtocolError(f"register: rank {rank}, pid {pid}")
+            conn.rank, conn.pid = rank, pid
+            conn.local = bool(identity) and identity == self._identity
+            self._ranks.setdefault(rank, set()).add(conn)
+            self._suspects.pop(rank, None)
+            out.u8(w._ST_OK)
+        elif op == w._OP_BYE:
+            failed = r.u8()
+            r.end()
+            conn.clean = True
+            if failed and conn.rank is not None and not self._lost:  # else its error is a consequence
+                self._mark_lost(conn.rank, "it gave up after an error of its own")
+            return None
+        else:
+            raise w._ProtocolError(f"unknown opcode {op}")
+        return out.frame()
+
+    def _park(self, conn: _Conn, op: int, keys: list, timeout: float) -> bytes | None:
+        if self._lost:
+            return self._tell_lost(conn)  # whoever would set the key may be the rank that is gone
+        waiter = _Waiter(conn, op, keys, time.monotonic() + timeout)
+        conn.waiter = waiter
+        for k in keys:
+            self._waiters_by_key.setdefault(k, []).append(waiter)
+        if len(self._deadlines) > 1024 + 4 * len(self._conns):
+            # Answered waits stay in the heap until their deadline (lazy deletion); long timeouts would pile up.
+            self._deadlines = [e for e in self._deadlines if not e[1].done]
+            heapq.heapify(self._deadlines)
+        heapq.heappush(self._deadlines, (waiter.deadline, waiter))
+        return None
+
+    def _wake(self, key: str) -> None:
+        waiters = self._waiters_by_key.get(key)
+        if not waiters:
+            return
+        for waiter in list(waiters):
+            if waiter.done:
+                continue
+            if waiter.op == w._OP_GET:
+                self._finish(waiter, w._Writer().u8(w._ST_OK).blob(self._data[key]).frame())
+            elif all(k in self._data for k in waiter.keys):
+                self._finish(waiter, w._Writer().u8(w._ST_OK).frame())
+
+    def _unpark(self, waiter: _Waiter) -> None:
+        waiter.done = True
+        for k in waiter.keys:
+            ws = self._waiters_by_key.get(k)
+            if ws is not None:
+                ws[:] = [x for x in ws if x is not waiter]
+                if not ws:
+                    del self._waiters_by_key[k]
+
+    def _finish(self, waiter: _Waiter, reply: bytes) -> None:
+        self._unpark(waiter)
+        conn = waiter.conn
+        if conn.closed:
+            return
+        conn.waiter = None
+        self._send(conn, reply)
+        if conn.rbuf and not conn.closed:
+            conn.frame_since = time.monotonic()
+            self._receiving.add(conn)
+            self._take_frames(conn)
+
+    def _timeout_reply(self, waiter: _Waiter) -> bytes:
+        out = w._Writer().u8(w._ST_TIMEOUT)
+        if waiter.op == w._OP_WAIT:
+            out.strs([k for k in waiter.keys if k not in self._data])
+        return out.frame()
+
+    @staticmethod
+    def _timeout(r: w._Reader) -> float:
+        t = r.f64()
+        if math.isnan(t):
+            raise w._ProtocolError("timeout is NaN")
+        return min(max(t, 0.0), 1e7)  # about 4 months: a deadline the heap can hold
+
+    @staticmethod
+    def _error(exc_type, message: str) -> bytes:
+        return w._Writer().u8(w._ST_ERROR).u8(exc_type.code).str(message).frame()
+
+    def _warn_limited(self, kind: str, message: str) -> None:
+        # An attack makes thousands of the same warning: one per kind per second is enough to see it.
+        now = time.monotonic()
+        last, skipped = self._warned.get(kind, (-math.inf, 0))
+        if now - last < 1.0:
+            self._warned[kind] = (last, skipped + 1)
+            return
+        self._warned[kind] = (now, 0)
+        self._warn(message + (f" ({skipped} more like it in the last second)" if skipped else ""))
+
+    # -- shutdown -------------------------------------------------------------------------------------------------
+    def linger(self, world_size: int, seconds: float) -> None:
+        """Keeps serving, at most `seconds`, until every rank of [0, world_size) is lost, has been told who was, or
+        has gone: a rank that is slow to connect or to ask still learns why the job failed (who was lost),
+        instead of finding nobody listening."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._closed and self._thread.is_alive():
+            if set(range(world_size)) <= self._told | set(self._lost):
+                return
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _shutdown(self) -> None:
+        # Parked requests are answered (their ranks learn at once), then every connection closes.
+        closed = w._Writer().u8(w._ST_ERROR).u8(RemoteError.code).str(
+            "the rendezvous store server (rank 0) shut down while this request waited").frame()
+        for _, waiter in self._deadlines:
+            if not waiter.done and not waiter.conn.closed:
+                waiter.done = True
+                with contextlib.suppress(OSError):
+                    waiter.conn.sock.send(closed)
+        for conn in list(self._conns):
+            conn.clean = True
+            self._close(conn, None)
+        for sock in (self._lsock, self._wake_r, self._wake_w):
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(sock)
+            sock.close()
+        self._sel.close()
+
