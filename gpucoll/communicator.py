@@ -487,7 +487,8 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
     Under torchrun the ranks meet through the store its agent already serves (MASTER_ADDR:MASTER_PORT).
 
     `secret` is the job's secret for gpucoll's rendezvous store, the same on every rank (else
-    GPUCOLL_STORE_SECRET): only connections that prove they know it are served. mpi_comm= makes one on rank 0 and
+    GPUCOLL_STORE_SECRET, else the per-user file ~/.gpucoll/store_secret, which nodes share through a shared home
+    directory): only connections that prove they know it are served. mpi_comm= makes one on rank 0 and
     sends it over MPI; torch's stores (from_torch=, torchrun's agent store) have no authentication of their own."""
     kind, local_size = _check_common(backend, timeout, local_size, device)
     if from_torch is not None or mpi_comm is not None:

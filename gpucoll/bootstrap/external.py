@@ -22,6 +22,8 @@ import os
 import socket
 import sys
 
+from gpucoll import config
+from gpucoll.bootstrap import secret_file
 from gpucoll.bootstrap.env import LaunchInfo
 from gpucoll.bootstrap.store import TCPStore, new_secret, solo_secret
 from gpucoll.errors import CollectiveTimeout, InvalidArgument
@@ -95,11 +97,21 @@ def launcher_store(launch: LaunchInfo, timeout: float, secret=None):
     cannot bind ("Address already in use"), so every rank connects to it as a client through torch's TCPStore, as
     torch's own init_process_group does, under a prefix of its own per restart attempt. Elsewhere (mpirun, srun,
     explicit arguments) rank 0 serves a gpucoll TCPStore at launch.address:launch.port, admitting only connections
-    that know the job's `secret` (else GPUCOLL_STORE_SECRET; a one-rank job makes its own). torch's agent store has
-    no authentication of its own: under torchrun the job is as closed as torchrun's store is."""
+    that know the job's `secret` (else GPUCOLL_STORE_SECRET, else the per-user secret file of secret_file.py, so
+    that mpirun and srun jobs work as they are; a one-rank job makes its own). torch's agent store has no
+    authentication of its own: under torchrun the job is as closed as torchrun's store is."""
     if not launch.agent_store:
-        return TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout,
-                        secret=solo_secret(launch.world_size, secret), rank=launch.rank)
+        secret = solo_secret(launch.world_size, secret)
+        from_file = secret is None and not config.is_set("GPUCOLL_STORE_SECRET")
+        if from_file:
+            secret = secret_file.read_or_create(new_secret())
+        try:
+            return TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout,
+                            secret=secret, rank=launch.rank)
+        except InvalidArgument as e:
+            if from_file and "refused this rank" in e.message:
+                raise InvalidArgument(e.message + secret_file.refused_note()) from None
+            raise
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         import torch.distributed as dist  # torchrun is part of torch: it is installed wherever this runs

@@ -7,16 +7,28 @@ MLP of bench/ddp_step.py, both ways in one run: 183 ms a step instead of 217 ms 
 thread (gloo 209 ms); a second run under other jobs' load gave 193 against 197 ms (gloo 227 ms).
 
 Only this thread touches the communicator while jobs are queued: whoever uses it otherwise calls ``drain()`` first.
+
+The thread is a daemon (a job stuck on a dead peer must not keep the process alive), and every live worker is
+stopped at interpreter exit, before finalization: a daemon thread that is still completing a future then (its
+callbacks release Python objects, which takes the GIL) is ended by the interpreter with a forced unwind that
+crosses torch's noexcept destructors, and the process aborts ("terminate called without an active exception").
+DDP's hooks hit exactly that: the main thread leaves backward once the bucket's chained future is set, while this
+thread is still inside ``set_result``.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 
 from gpucoll.torch.work import Work
 
 __all__ = ["Worker"]
+
+_EXIT_JOIN_S = 10.0  # at exit, how long a worker may take to finish the job it is running
+_LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 class Worker:
@@ -32,6 +44,7 @@ class Worker:
         if self._thread is None:
             self._thread = threading.Thread(target=_main, args=(self._jobs,), daemon=True, name=self._name)
             self._thread.start()
+            _LIVE.add(self)
         self._last = work
         self._jobs.put((fn, work))
         return work
@@ -46,10 +59,21 @@ class Worker:
 
     def close(self) -> None:
         self.drain()
-        if self._thread is not None:
+        self._stop()
+
+    def _stop(self) -> None:
+        """Ends the thread after the jobs already queued (bounded: a job stuck on a dead peer is left behind)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
             self._jobs.put(None)
-            self._thread.join(timeout=10.0)
-            self._thread = None
+            thread.join(timeout=_EXIT_JOIN_S)
+        _LIVE.discard(self)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for worker in list(_LIVE):
+        worker._stop()
 
 
 def _main(jobs) -> None:

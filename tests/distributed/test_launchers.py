@@ -77,7 +77,7 @@ def test_init_under_mpiexec(tmp_path):
     if mpiexec is None:
         pytest.skip(helpers.missing_reason("mpich", "no mpiexec on PATH"))
     # MPICH sets PMI_RANK/PMI_SIZE and MPI_LOCALNRANKS; MASTER_PORT keeps rank 0's store off the default 29500.
-    env = _env(MASTER_PORT=str(free_port()))
+    env = _env(MASTER_PORT=str(free_port()), HOME=str(tmp_path))  # no GPUCOLL_STORE_SECRET: the per-user file
     _check(_run([mpiexec, "-n", "2", sys.executable], tmp_path, env))
 
 
@@ -90,7 +90,7 @@ def _slurm_ranks(tmp_path, world: int, node_env) -> str:
     procs = []
     for r in range(world):
         env = _env(SLURM_PROCID=str(r), SLURM_NTASKS=str(world), SLURM_LOCALID=str(r), SLURM_JOB_ID="4242",
-                   SLURM_STEP_ID="0", MASTER_PORT=port)
+                   SLURM_STEP_ID="0", MASTER_PORT=port, HOME=str(tmp_path))
         env.update(node_env(r))
         procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=env))

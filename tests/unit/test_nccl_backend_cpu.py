@@ -444,6 +444,11 @@ class FakeComm:
         self.calls.append((coll, in_ptr, count, op, root, stream, async_op, premul))
         return FakeNative(self.issued) if async_op else None
 
+    @property
+    def usable(self):
+        """As NcclComm.usable: false once aborted or closed."""
+        return self.aborted is None and not self.closed
+
     def abort(self, why):
         self.aborted = why
 

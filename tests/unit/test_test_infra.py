@@ -120,6 +120,9 @@ def test_ci_runs_the_readme_test_command_with_require_deps():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     command = 'pip install -e ".[test]" && python -m pytest -q'
-    assert command in readme and ci.rstrip().endswith(command)
+    emulated = 'GPUCOLL_CUDA=emulate pip install -e ".[test]" && python -m pytest -m gpu'
+    lines = [line.strip() for line in ci.splitlines()]
+    assert command in readme and command in lines, "CI runs the README's test command as its own line"
+    assert emulated in readme and lines[-1] == emulated, "CI ends with the README's emulated-device command"
     assert 'export PYTEST_ADDOPTS="--require-deps"' in ci
-    assert ci.index('pip install -q "torch==2.13.0"') < ci.index(command)
+    assert ci.index('pip install -q "torch==2.13.0"') < ci.index(command) < ci.index(emulated)
