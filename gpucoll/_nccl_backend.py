@@ -25,6 +25,7 @@ import time
 import weakref
 
 from gpucoll import _cuda_buffers, _log
+from gpucoll._call_check import StoreCallCheck
 from gpucoll._nccl_work import CompletedWork, PreMulSum, Work, premul_sum  # noqa: F401 - re-exported (split out)
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
@@ -238,6 +239,9 @@ class NcclBackend:
         self._inflight = {}  # id(native Work) -> (native Work, objects it uses): async ops keep buffers alive
         self._scratch = None
         self._closed = False
+        # GPUCOLL_DEBUG_CHECKS: every collective compared across ranks before it is enqueued (_call_check.py).
+        self._calls = StoreCallCheck(store, prefix, rank, world_size, timeout) \
+            if config.get_bool("GPUCOLL_DEBUG_CHECKS") and world_size > 1 else None
         self._poll_s = max(int(config.get_int("GPUCOLL_NCCL_WATCHDOG_MS")), 1) / 1000.0
         self._publish_s = max(self._poll_s, 0.5)
         self._published = -1
@@ -327,6 +331,8 @@ class NcclBackend:
             redop = self._sum
         elif type(redop) is PreMulSum:
             premul, redop = float(redop.scalar), self._sum
+        if self._calls is not None:
+            self._check_call(coll, int(src.dtype), int(redop), premul is not None, root, count)
         try:
             native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
         except GpucollError as e:
@@ -346,6 +352,13 @@ class NcclBackend:
             return None
         return self._track(native, buf, (buf,))
 
+    def _check_call(self, coll: int, dtype: int, op: int, premul: bool, root: int, count: int) -> None:
+        try:
+            self._calls.check(coll, dtype, op, premul, root, count)
+        except CollectiveTimeout as e:  # a rank that skipped a collective: the sequence is lost for good
+            self._fail(e)
+            raise _copy_error(e) from None
+
     def _track(self, native, src, bufs) -> Work:
         keep = tuple(b.obj for b in bufs) + tuple(b.keep for b in bufs if b.keep is not None)
         with self._lock:
@@ -358,6 +371,8 @@ class NcclBackend:
         self._raise_if_failed()
         from gpucoll import _C
 
+        if self._calls is not None:
+            self._check_call(-1, 0, 0, False, -1, 0)
         try:
             native = self._comm.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
                                            self._sum, 0, 0, True, None)

@@ -28,7 +28,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from helpers import MISSING  # tests/ had to be put on sys.path first
+from helpers import MISSING, missing_reason  # tests/ had to be put on sys.path first
 
 _IMPORTORSKIP = "could not import "  # the reason pytest.importorskip gives
 
@@ -98,12 +98,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     skipped = terminalreporter.stats.get("skipped", []) if getattr(config, "_gpucoll_fold_skips", False) else []
     if not skipped:
         return
-    # A missing package is one reason whatever the test says it needed it for (the part after "; ").
-    counts = Counter(_skip_reason(rep).split("; ")[0] if _skip_reason(rep).startswith(MISSING) else _skip_reason(rep)
-                     for rep in skipped)
+    counts = Counter(_folded(_skip_reason(rep)) for rep in skipped)
     terminalreporter.write_sep("=", "skipped tests by reason")
     for reason, n in counts.most_common():
         terminalreporter.write_line(f"SKIPPED [{n}] {reason}")
+
+
+def _folded(reason: str) -> str:
+    """A missing package is one reason whatever the test says it needed it for (the part after "; "), whichever
+    of its modules it imported (torch.distributed is torch), and however it skipped (pytest.importorskip's own
+    "could not import 'torch': ..." included)."""
+    if reason.startswith(_IMPORTORSKIP) and "'" in reason:
+        return missing_reason(reason.split("'")[1].split(".")[0])
+    if reason.startswith(MISSING):
+        module = reason[len(MISSING) + 2:].split(" ")[0]
+        return missing_reason(module.split(".")[0])
+    return reason
 
 
 def _gpu_unusable_reason():

@@ -35,9 +35,10 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_LOCAL_SIZE", VarType::kInt, "0",
        "Ranks per (virtual) node for hierarchical algorithms; 0 means all ranks of the host form one node."},
       {"GPUCOLL_DEBUG_CHECKS", VarType::kBool, "0",
-       "Explicit cross-rank call checks for backends whose own synchronisation cannot carry them (NCCL; not "
-       "implemented there yet). The host backend compares every collective call across ranks always, within its "
-       "first step, whatever this says."},
+       "Explicit cross-rank call checks for backends whose own synchronisation cannot carry them: the NCCL "
+       "backend compares every collective's signature through the rendezvous store before enqueuing it (a store "
+       "round trip per call). The host backend compares every collective call across ranks always, within its "
+       "first step, whatever this says; the custom kernels do not compare yet."},
       {"GPUCOLL_STORE_SECRET", VarType::kSecret, "",
        "The job's secret for gpucoll's rendezvous store: every connection proves it knows it (HMAC "
        "challenge-response; it never travels). The same random value (16 bytes at least; 32 random bytes in hex "

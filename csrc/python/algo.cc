@@ -1,10 +1,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "algo/call_mismatch.h"
 #include "algo/checker.h"
 #include "algo/registry.h"
 #include "algo/selector.h"
@@ -200,6 +202,39 @@ void bind_algo(py::module_& m) {
     for (int i = 0; i < algo::kNumColls; ++i) names.emplace_back(algo::coll_name(static_cast<algo::Coll>(i)));
     return names;
   });
+  // The explicit call check of backends whose own synchronisation cannot carry a signature (NCCL, under
+  // GPUCOLL_DEBUG_CHECKS): the same signature and the same message as the host backend's always-on check.
+  m.def(
+      "call_sig",
+      [](uint32_t seq, int coll, int dtype, int op, bool premul, int root, int64_t count) {
+        const algo::CallSig s = algo::make_call_sig(seq, coll < 0 ? algo::kSigBarrier : coll, dtype,
+                                                    premul ? algo::kSigPremulSum : op, root, count, -1, 0, false);
+        return py::bytes(reinterpret_cast<const char*>(&s), sizeof s);
+      },
+      py::arg("seq"), py::arg("coll"), py::arg("dtype"), py::arg("op"), py::arg("premul"), py::arg("root"),
+      py::arg("count"), "A collective call's signature (csrc/algo/call_sig.h) as bytes; coll < 0 is a barrier.");
+  m.def(
+      "call_mismatch",
+      [](const std::vector<std::string>& sigs) -> py::object {
+        std::vector<algo::CallSig> table(sigs.size());
+        for (size_t r = 0; r < sigs.size(); ++r) {
+          if (sigs[r].size() != sizeof(algo::CallSig)) {
+            GPUCOLL_INVALID_ARG("call_mismatch: rank ", r, "'s signature has ", sigs[r].size(), " bytes, not ",
+                                sizeof(algo::CallSig));
+          }
+          std::memcpy(&table[r], sigs[r].data(), sizeof(algo::CallSig));
+        }
+        const int n = static_cast<int>(table.size());
+        if (n == 0 || algo::call_sigs_agree(table.data(), n)) return py::none();
+        std::vector<int> odd;  // ranks whose call differs from rank 0's: the same list on every rank
+        for (int q = 1; q < n; ++q) {
+          if (!algo::call_sig_equal(table[0], table[static_cast<size_t>(q)])) odd.push_back(q);
+        }
+        return py::make_tuple(algo::call_mismatch_message(table.data(), n), odd);
+      },
+      py::arg("sigs"),
+      "None when every rank's signature (call_sig) agrees, else (the message every rank raises, the ranks whose "
+      "call differs from rank 0's).");
 }
 
 }  // namespace gpucoll::python

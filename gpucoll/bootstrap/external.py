@@ -56,6 +56,9 @@ class TorchStore:
     def check(self, keys) -> bool:
         return bool(self._store.check([keys] if isinstance(keys, str) else list(keys)))
 
+    def delete(self, key: str) -> bool:
+        return bool(self._store.delete_key(key))
+
     # The rest of TCPStore's interface that backends use (the custom backend's handle exchange and barriers),
     # built on set/get/add since torch's store has no wait-for-one-key-among-many request.
     def set_json(self, key: str, obj) -> None:

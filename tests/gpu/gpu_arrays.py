@@ -12,6 +12,7 @@ This module imports gpucoll._C lazily and torch only when the torch provider is 
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
 
@@ -34,7 +35,7 @@ def torch_cuda_problem() -> str | None:
     try:
         import torch
     except ImportError:
-        return "torch is not installed"
+        return helpers.missing_reason("torch")
     if not torch.cuda.is_available():
         return "torch has no usable CUDA device"
     return None
