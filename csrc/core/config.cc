@@ -43,7 +43,8 @@ const std::vector<ConfigVar>& config_vars() {
        "The job's secret for gpucoll's rendezvous store: every connection proves it knows it (HMAC "
        "challenge-response; it never travels). The same random value (16 bytes at least; 32 random bytes in hex "
        "are best) on every rank. gpucoll.spawn and init(mpi_comm=...) make one themselves; under a launcher set "
-       "it in the job's environment, else init() uses the per-user file ~/.gpucoll/store_secret. Not used over torch.distributed's store (torchrun's agent)."},
+       "it in the job's environment, else init() uses the per-user file ~/.gpucoll/store_secret. Not used over "
+       "torch.distributed's store (torchrun's agent)."},
       {"GPUCOLL_HOST_BUFFER_BYTES", VarType::kBytes, "16M",
        "Shared-memory work buffer per rank of the host backend, used as two halves by alternate pieces; "
        "messages larger than a half are processed in pieces."},

@@ -25,7 +25,7 @@ import sys
 from gpucoll import config
 from gpucoll.bootstrap import secret_file
 from gpucoll.bootstrap.env import LaunchInfo
-from gpucoll.bootstrap.store import TCPStore, new_secret, solo_secret
+from gpucoll.bootstrap.store import SecretRefused, TCPStore, new_secret, solo_secret
 from gpucoll.errors import CollectiveTimeout, InvalidArgument
 
 __all__ = ["TorchStore", "from_mpi", "from_torch", "launcher_store"]
@@ -111,9 +111,9 @@ def launcher_store(launch: LaunchInfo, timeout: float, secret=None):
         try:
             return TCPStore(launch.address, launch.port, is_server=launch.rank == 0, timeout=timeout,
                             secret=secret, rank=launch.rank)
-        except InvalidArgument as e:
-            if from_file and "refused this rank" in e.message:
-                raise InvalidArgument(e.message + secret_file.refused_note()) from None
+        except SecretRefused as e:
+            if from_file:
+                raise SecretRefused(e.message + secret_file.refused_note()) from None
             raise
     dist = sys.modules.get("torch.distributed")
     if dist is None:

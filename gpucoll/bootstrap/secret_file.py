@@ -21,14 +21,10 @@ import tempfile
 from pathlib import Path
 
 from gpucoll.bootstrap import _wire as w
+from gpucoll.bootstrap.store import HOW_TO_SET_SECRET
 from gpucoll.errors import InvalidArgument
 
 __all__ = ["default_path", "read_or_create", "refused_note"]
-
-_SET_IT = ("set GPUCOLL_STORE_SECRET to the same random value on every rank (e.g. export GPUCOLL_STORE_SECRET="
-           "$(python -c 'import secrets; print(secrets.token_hex(32))') before mpirun/srun, which pass the "
-           "environment on), or pass secret=")
-
 
 def default_path() -> Path:
     return Path.home() / ".gpucoll" / "store_secret"
@@ -60,18 +56,19 @@ def read_or_create(new_secret: str, path: Path | None = None) -> str:
         st = path.stat()
         if st.st_uid != os.getuid():
             raise InvalidArgument(f"the per-user rendezvous secret {path} belongs to uid {st.st_uid}, not to this "
-                                  f"user (uid {os.getuid()}): remove it, or {_SET_IT}")
+                                  f"user (uid {os.getuid()}): remove it, or {HOW_TO_SET_SECRET}")
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise InvalidArgument(f"the per-user rendezvous secret {path} is open to other users (mode "
                                   f"{stat.S_IMODE(st.st_mode):03o}), who could then join this user's jobs: "
-                                  f"chmod 600 {path}, or {_SET_IT}")
+                                  f"chmod 600 {path}, or {HOW_TO_SET_SECRET}")
         text = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError, RuntimeError) as e:  # RuntimeError: Path.home() without a home directory
         raise InvalidArgument(f"no job secret: GPUCOLL_STORE_SECRET is not set and the per-user secret file "
-                              f"{path} cannot be used ({e}); {_SET_IT}") from None
+                              f"{path} cannot be used ({e}); {HOW_TO_SET_SECRET}") from None
     if len(text) < w.MIN_SECRET_BYTES:
         raise InvalidArgument(f"the per-user rendezvous secret {path} holds {len(text)} characters; a secret needs "
-                              f"at least {w.MIN_SECRET_BYTES}: remove the file (a new one is made), or {_SET_IT}")
+                              f"at least {w.MIN_SECRET_BYTES}: remove the file (a new one is made), or "
+                              f"{HOW_TO_SET_SECRET}")
     return text
 
 
@@ -79,4 +76,4 @@ def refused_note(path: Path | None = None) -> str:
     """What to add to the store's refusal when this rank's secret came from the per-user file."""
     path = default_path() if path is None else Path(path)
     return (f"; this rank's secret came from the per-user file {path} (GPUCOLL_STORE_SECRET is not set): ranks on "
-            f"nodes that do not share that home directory hold different ones, so {_SET_IT}")
+            f"nodes that do not share that home directory hold different ones, so {HOW_TO_SET_SECRET}")

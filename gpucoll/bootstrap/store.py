@@ -51,12 +51,13 @@ from gpucoll.bootstrap._wire import (
 )
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
 
-__all__ = ["MAGIC", "MAX_FRAME", "TCPStore", "job_secret", "new_secret", "solo_secret"]
+__all__ = ["HOW_TO_SET_SECRET", "MAGIC", "MAX_FRAME", "SecretRefused", "TCPStore", "job_secret", "new_secret",
+           "solo_secret"]
 
 _BARRIER_PREFIX = "__gpucoll_barrier__/"
-_HOW_TO = ("set GPUCOLL_STORE_SECRET to the same random value on every rank (e.g. export GPUCOLL_STORE_SECRET="
-           "$(python -c 'import secrets; print(secrets.token_hex(32))') before mpirun/srun, which pass the "
-           "environment on), or pass secret=")
+HOW_TO_SET_SECRET = ("set GPUCOLL_STORE_SECRET to the same random value on every rank (e.g. export "
+                     "GPUCOLL_STORE_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') before "
+                     "mpirun/srun, which pass the environment on), or pass secret=")
 
 
 def _warn(message: str) -> None:
@@ -67,6 +68,10 @@ def _warn(message: str) -> None:
         _log.warn(message)
     except Exception:  # noqa: BLE001 - a warning must never raise
         sys.stderr.write(f"[gpucoll] WARN  {message}\n")
+
+
+class SecretRefused(InvalidArgument):
+    """The store refused this rank's handshake: the rank does not hold the server's secret."""
 
 
 def new_secret() -> str:
@@ -98,7 +103,7 @@ def job_secret(secret=None) -> bytes:
         raise InvalidArgument(f"secret must be a str or bytes; got {type(secret).__name__}")
     if not secret:
         raise InvalidArgument(f"the rendezvous store admits only the job's members, and this rank knows no job "
-                              f"secret: {_HOW_TO}")
+                              f"secret: {HOW_TO_SET_SECRET}")
     if len(secret) < w.MIN_SECRET_BYTES:
         raise InvalidArgument(f"{source} is {len(secret)} bytes long; a job secret needs at least "
                               f"{w.MIN_SECRET_BYTES} (a short one can be guessed from one recorded handshake)")
@@ -223,7 +228,7 @@ class TCPStore:
         except (socket.timeout, OSError) as e:
             raise _Transient(f"authentication did not complete: {e}") from None
         if verdict[:1] == bytes([w.AUTH_DENIED]):
-            raise InvalidArgument(f"the rendezvous store at {self.endpoint} refused this rank: it does not hold "
+            raise SecretRefused(f"the rendezvous store at {self.endpoint} refused this rank: it does not hold "
                                   f"the same job secret (GPUCOLL_STORE_SECRET must be equal on every rank), or "
                                   f"another job's store listens on that port")
         if len(verdict) < 1 + w.MAC_BYTES or verdict[0] != w.AUTH_OK:
