@@ -15,7 +15,7 @@ by default (the README gives its measured cost).
 
 from __future__ import annotations
 
-from gpucoll.errors import CollectiveTimeout, InvalidArgument
+from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument
 
 __all__ = ["StoreCallCheck"]
 
@@ -46,11 +46,10 @@ class StoreCallCheck:
             try:
                 sigs.append(self._store.get(f"{self._base}{seq}/{q}", self._timeout))
             except CollectiveTimeout as e:
-                missing = [r for r in range(self._world_size)
-                           if r != self._rank and not self._store.check(f"{self._base}{seq}/{r}")]
-                raise CollectiveTimeout(f"collective #{seq}: ranks {missing or [q]} did not make it within "
+                missing = self._missing(seq, q)
+                raise CollectiveTimeout(f"collective #{seq}: ranks {missing} did not make it within "
                                         f"{self._timeout:g} s (GPUCOLL_DEBUG_CHECKS compares every collective "
-                                        f"before it runs): {e.message}", ranks=missing or [q]) from None
+                                        f"before it runs): {e.message}", ranks=missing) from None
         # Every rank wrote call seq - 1 before it read this one, so all of them are done reading seq - 2.
         if seq >= 2:
             self._store.delete(f"{self._base}{seq - 2}/{self._rank}")
@@ -58,3 +57,12 @@ class StoreCallCheck:
         if verdict is not None:
             message, odd = verdict
             raise InvalidArgument(message, ranks=odd)
+
+    def _missing(self, seq: int, late: int) -> list:
+        """The ranks whose call `seq` is not in the store; [late] when the store cannot say (rank 0, which serves
+        it, may have given up on the same call and exited already)."""
+        try:
+            return [r for r in range(self._world_size)
+                    if r != self._rank and not self._store.check(f"{self._base}{seq}/{r}")] or [late]
+        except GpucollError:
+            return [late]
