@@ -1,7 +1,11 @@
-"""What the host backend's cross-rank call check costs: gpucoll-bench --compare unchecked, repeated.
+"""What the cross-rank call check costs: gpucoll-bench --compare unchecked, repeated.
 
     python bench/call_check_overhead.py                       # 2 and 4 ranks; 8 B, 64 KiB, 16 MiB; 6 runs each
     python bench/call_check_overhead.py --nranks 4 --sizes 8,64K --runs 10 --json out.json
+    python bench/call_check_overhead.py --backend custom      # the CUDA kernels' check (virtual ranks on one GPU)
+
+--backend host (default) measures the host backend's check; --backend custom the custom kernels' signature in their
+barrier 0 (on gpucoll's emulated device that measures the emulator, not a GPU: say which it was).
 
 Each run is one gpucoll-bench invocation (float32 sum all_reduce, out of place) that times every size 5 times
 with the check on and 5 times with it off, alternately, in the same ranks (--compare unchecked: the switch exists
@@ -38,12 +42,13 @@ def _iters(nbytes: int) -> tuple[int, int]:
     return 3, 20
 
 
-def _one_run(nranks: int, nbytes: int) -> tuple[list, list]:
+def _one_run(nranks: int, nbytes: int, backend: str = "host") -> tuple[list, list]:
     warmup, iters = _iters(nbytes)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
         cmd = [sys.executable, "-m", "gpucoll.bench", "all_reduce", "--nranks", str(nranks), "-b", str(nbytes),
-               "-e", str(nbytes), "-w", str(warmup), "-n", str(iters), "--compare", "unchecked", "--json", out]
+               "-e", str(nbytes), "-w", str(warmup), "-n", str(iters), "--compare", "unchecked", "--json", out,
+               "--backend", backend]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             peer = json.load(f)["results"][0]["peer"]
@@ -56,9 +61,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="8,64K,16M")
     ap.add_argument("--runs", type=int, default=6, help="gpucoll-bench invocations per rank count and size")
     ap.add_argument("--json", default=None, help="write every pair and the summary here")
+    ap.add_argument("--backend", choices=("host", "custom"), default="host")
     args = ap.parse_args(argv)
     sizes = [_bytes(s) for s in args.sizes.split(",")]
-    doc = {"machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}, "rows": []}
+    doc = {"backend": args.backend, "machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}, "rows": []}
     print("# ranks      size   checked us (min / median)   unchecked us (min / median)   overhead: median of "
           "pairs [quartiles], of minima   load")
     for nranks in args.nranks:
@@ -67,7 +73,7 @@ def main(argv=None) -> int:
             load0 = os.getloadavg()[0]
             t0 = time.time()
             for _ in range(args.runs):
-                c, u = _one_run(nranks, nbytes)
+                c, u = _one_run(nranks, nbytes, args.backend)
                 on += c
                 off += u
             load1 = os.getloadavg()[0]

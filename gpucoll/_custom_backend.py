@@ -154,6 +154,9 @@ class CustomBackend:
         _cuda_buffers.check_device(buf, arg, self.device)
 
     def check_timeout(self) -> None:
+        """Where the kernels are known to have finished: a timed-out wait (CollectiveTimeout, the communicator is
+        unusable), or a call the kernels found mismatched across ranks (InvalidArgument; it moved no data and the
+        communicator stays usable)."""
         if self._native.timed_out():
             # Every later wait of this communicator gives up at once (the flag stays set): refuse further calls
             # instead of returning garbage.
@@ -163,6 +166,7 @@ class CustomBackend:
                                     f"{self._timeout:g} s for rank(s) {late} (their kernels never arrived); its "
                                     f"results are invalid and the communicator is unusable", call="all_reduce",
                                     ranks=late)
+        self._native.check_calls()
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def _decline(self, coll: int, src, dst, count: int, redop) -> str:
@@ -336,8 +340,14 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     prefix = f"gpucoll/custom/{generation}/"
     native = _C.CustomComm(rank, P, dev, half_bytes(), float(timeout))
     try:
-        store.set_json(f"{prefix}hello/{rank}", [socket.gethostname(), native.ipc_handle().hex(), native.sms])
+        store.set_json(f"{prefix}hello/{rank}", [socket.gethostname(), native.ipc_handle().hex(), native.sms,
+                                                 native.half_bytes])
         hello = [store.get_json(f"{prefix}hello/{r}", timeout=timeout) for r in range(P)]
+        halves = [int(h[3]) for h in hello]
+        if len(set(halves)) != 1:
+            # Every rank must cut a call into the same pieces: the kernels compare each piece's call, not its length.
+            raise InvalidArgument(f"every rank needs the same GPUCOLL_CUSTOM_BUFFER_BYTES; the ranks' staging halves "
+                                  f"are {halves} bytes")
         hosts = [h[0] for h in hello]
         if len(set(hosts)) == 1:
             native.connect_ipc([bytes.fromhex(h[1]) for h in hello], min(int(h[2]) for h in hello))

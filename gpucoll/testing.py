@@ -173,7 +173,8 @@ class VirtualRanks:
             c.register_pending_local(rows)
 
     def synchronize(self) -> None:
-        """Wait for every rank's stream; CollectiveTimeout if a kernel gave up waiting for a peer."""
+        """Wait for every rank's stream; CollectiveTimeout if a kernel gave up waiting for a peer, InvalidArgument if
+        the ranks' calls differed (the kernels moved no data then, and the ranks stay usable)."""
         if self._closed:
             raise InvalidUsage("these virtual ranks are closed")
         for s in self._streams:
@@ -184,6 +185,15 @@ class VirtualRanks:
             missing = sorted({q for r in waiting for q in self.comms[r].late_ranks()})
             raise CollectiveTimeout(f"virtual ranks {waiting} timed out waiting for rank(s) {missing} (blocks not "
                                     f"resident at once, or a rank's kernel was never enqueued)", ranks=missing)
+        # Every rank's kernel records the same mismatch: consume each rank's report, raise it once.
+        found = []
+        for c in self.comms:
+            try:
+                c.check_calls()
+            except InvalidArgument as e:
+                found.append(e)
+        if found:
+            raise found[0]
 
     def close(self) -> None:
         """Synchronise and free every rank (idempotent)."""

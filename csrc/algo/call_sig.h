@@ -7,18 +7,16 @@
 // compares the signatures of every rank before it moves data:
 //  * host backend (csrc/backends/host/): written next to the step counter that the copy-in step publishes;
 //    every rank waits for every rank's copy-in step of the first piece, then compares (host_comm.cc).
-//  * custom kernels (not yet: it needs the emulated device to be tested): the host builds the signature at launch
-//    and passes it in the kernel's arguments. Block 0's first barrier carries it: before its st.release of
-//    flag[0][rank] into rank q's signal area, thread q stores the three words into q's sig[calls & 1][rank]; after
-//    its acquire of flag[0][q] it compares sig[calls & 1][q] with its own, and __syncthreads_or() makes the
-//    block's verdict, which block 0 publishes (release, gpu scope) in a per-call word of its own rank's area.
-//    Blocks b > 0 wait in their first barrier for the peer's flag OR a mismatch verdict (a mismatched count may
-//    give the peer fewer blocks), so a matched call waits for nothing more than today. On a mismatch no block
-//    touches peer data or the output; block 0 publishes the flag value of barrier kBarrierStride - 1 (epochs
-//    stay in step whatever barrier count each rank's kernel has) and records the call in its signal area, and
-//    the host, reading it where it reads timed_out, raises call_mismatch_message() of the P signatures.
-//  * NCCL (GPUCOLL_DEBUG_CHECKS, not yet): NCCL's kernels cannot carry it; an extra all-gather of the signature
-//    before each call is the only place.
+//  * custom kernels (kernels/peer_sync.cuh, open_call): the host builds the signature of the whole call (its total
+//    count, not a piece's) and passes it in the kernel's arguments. Every block's barrier 0 carries it: thread q
+//    stores it into rank q's sig[b][calls & 1][rank] before its release of the flag, and compares rank q's after
+//    its acquire. Blocks b > 0 also give up waiting when block 0 found a mismatch (a mismatched count may give the
+//    peer fewer blocks), so a matched call waits for nothing more than before. On a mismatch no block touches
+//    peer data or the output, every block goes to end_call (the call still counts once, so epochs stay in step),
+//    later pieces of the call are skipped whole, and block 0 records the P signatures for the host, which raises
+//    call_mismatch_message() where it reads timed_out (CustomComm::check_calls).
+//  * NCCL (GPUCOLL_DEBUG_CHECKS, gpucoll/_call_check.py): NCCL's kernels cannot carry it; the signatures go
+//    through the rendezvous store before each call instead, which costs a round trip, so it is off by default.
 // A mismatch is found by every rank from the same table, before any rank touched user memory or advanced past
 // the first step, so every rank raises the same InvalidArgument and the communicator stays usable.
 //

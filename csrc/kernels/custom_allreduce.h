@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "algo/call_sig.h"
 #include "backends/custom/launch_shape.h"
 #include "core/types.h"
 
@@ -41,12 +42,22 @@ struct alignas(128) Signals {
   // and a waiter needs "at least my value" (a peer may already have moved one barrier further).
   // 64-bit so that a row some calls leave alone (they have fewer blocks) never looks ahead after a wrap.
   uint64_t flag[kMaxBlocks][kMaxRanks];
+  // sig[b][calls & 1][q]: rank q's call signature, written by rank q's block b (thread `rank`) just before its
+  // barrier-0 flag and read by this rank's block b after acquiring that flag (peer_sync.cuh, open_call). Two
+  // halves by call parity, like the staging buffer, so a fast peer's next call never overwrites one still read.
+  algo::CallSig sig[kMaxBlocks][2][kMaxRanks];
   // Local to this rank (peers never touch them):
   uint64_t calls;        // kernels of this communicator completed so far; read by every block at its start
   uint32_t blocks_done;  // blocks of the running kernel that finished; the last one bumps `calls`
   uint32_t timed_out;    // non-zero (1 + the barrier number that gave up) once a wait gave up; read by the host
   uint32_t late_ranks;   // bit q: a wait for rank q's flag gave up (the host names the ranks that never arrived)
   uint32_t probe;        // kProbeMagic ^ rank, written at set-up: peers read it to prove the mapping works
+  // Calls whose ranks' signatures differed (open_call): `mismatch` is calls + 1 of the latest one (blocks b > 0
+  // poll it while waiting for a peer's block that a mismatched call may not have), `mismatches` counts them, and
+  // `bad` holds the P signatures of the latest one, in rank order. Read by the host where it reads timed_out.
+  uint64_t mismatch;
+  uint64_t mismatches;
+  algo::CallSig bad[kMaxRanks];
 };
 
 struct AllReduceArgs {
@@ -67,6 +78,10 @@ struct AllReduceArgs {
   uint64_t timeout_ns = 0;  // a barrier wait gives up after this long (0: never) and sets Signals::timed_out
   int blocks = 1;
   int threads = kThreads;
+  // The call's signature (whole call: every piece carries the same one), compared across ranks in barrier 0.
+  algo::CallSig sig{};
+  bool check = true;         // compare signatures (off only to measure what the comparison costs)
+  bool continuation = false; // a piece after the first: skipped whole when the first piece was mismatched
 };
 
 // Enqueue one allreduce on `stream`. count * dtype size must fit half_bytes (every algorithm may stage or hold

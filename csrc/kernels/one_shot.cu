@@ -4,7 +4,8 @@
 //
 // Per block b (slice b of the message, see peer_ops.cuh):
 //   staged input:     copy slice b of `in` into this rank's staging half; registered input: nothing.
-//   barrier 0         every rank's slice b is readable (RAW).
+//   barrier 0         every rank's slice b is readable (RAW), and every rank made this same call (open_call:
+//                     on a mismatch every block stops here, before touching peer data or `out`).
 //   reduce            out[slice b] = fin(pre(x_0) op ... op pre(x_{P-1})), accumulating in float for f16/bf16
 //                     (avg: pre multiplies floating inputs by 1/n, fin divides integer sums; primitives.cuh).
 //   barrier 1         every rank has finished reading slice b of our input (WAR). A registered input is the
@@ -26,10 +27,14 @@ namespace {
 template <class T, class Op, class Fin>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(AllReduceArgs a, Op op, Fin fin) {
   const Sync s = begin_call(a);
+  if (s.skip) return;
   const bool staged = a.inputs == nullptr;
   const Range r = block_slice<T>(Range{0, a.count});
   if (staged) block_copy(at<T>(staging(a, a.rank, s.calls), r.begin), at<T>(a.in, r.begin), r.count, NoFinish{});
-  barrier(s, 0);
+  if (!open_call(s, a)) {  // ranks made different calls: nothing was touched (peer_sync.cuh)
+    end_call(s);
+    return;
+  }
   Srcs<T> src;
   src.n = a.nranks;
   for (int q = 0; q < a.nranks; ++q) {

@@ -51,16 +51,24 @@ struct Sync {
   int nranks;
   uint64_t calls;
   uint64_t timeout_ns;
+  bool skip;  // a later piece of a call whose first piece was mismatched: the kernel does nothing at all
 };
 
 // Reads this communicator's call number. Every block of the kernel reads the same value: the only write, by the
 // last block to finish (end_call), happens after every block's read, through end_call's acq_rel count.
+// A later piece of a call whose first piece found a mismatch is skipped whole, without a barrier and without
+// counting: each rank may have cut the call into a different number of pieces (different counts or dtypes), and
+// skipping them is what keeps every rank's `calls` equal afterwards (the first piece counted once everywhere).
 __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
   __shared__ uint64_t calls;
+  __shared__ bool skip;
   Signals* self = static_cast<Signals*>(a.sigs.ptr[a.rank]);
-  // A plain load: `calls` is written only by this rank's previous kernel on the same stream, whose writes
-  // are visible once it completed.
-  if (threadIdx.x == 0) calls = self->calls;
+  // `calls` and `mismatch` are written only by this rank's previous kernels on the same stream, whose writes are
+  // visible once they completed.
+  if (threadIdx.x == 0) {
+    calls = self->calls;
+    skip = a.continuation && ld_relaxed_sys(&self->mismatch) == calls;
+  }
   __syncthreads();
   Sync s;
   s.self = self;
@@ -69,7 +77,45 @@ __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
   s.nranks = a.nranks;
   s.calls = calls;
   s.timeout_ns = a.timeout_ns;
+  s.skip = skip;
   return s;
+}
+
+enum class Wait { kArrived, kTimedOut, kMismatch };
+
+// Step (3) of the protocol for one peer: spin until rank q's flag reaches `value`. `poll_mismatch` (barrier 0 of
+// blocks b > 0) also gives up when block 0 found this call mismatched: such a call may give rank q fewer blocks,
+// so block b's partner may never come, while block 0 exists in every call of every rank.
+__device__ __forceinline__ Wait wait_flag(const Sync& s, const uint64_t* mine, uint64_t value, int q, uint32_t k,
+                                          bool poll_mismatch) {
+  uint64_t start = 0;
+  uint32_t spins = 0;
+  while (ld_acquire_sys(mine) < value) {
+    ++spins;
+    // A relaxed load that orders nothing: a block that sees the verdict only leaves, reading no peer data.
+    if (poll_mismatch && (spins & 63u) == 0 && ld_relaxed_sys(&s.self->mismatch) == s.calls + 1) {
+      return Wait::kMismatch;
+    }
+    // The timer is read every 1024 spins only: %globaltimer costs about as much as a flag load.
+    if (s.timeout_ns != 0 && (spins & 1023u) == 0) {
+      const uint64_t now = global_timer_ns();
+      // A wait that already gave up (this call or an earlier one) makes every later wait give up at once.
+      // A relaxed atomic load, not a volatile one: other blocks write the word (atomicMax) meanwhile, and a
+      // plain (volatile) load racing an atomic is a data race in the C++ model, which is how the emulated
+      // device checks this code. (Found by ThreadSanitizer, tests/emulation/test_tsan.py.)
+      if (ld_relaxed_sys(&s.self->timed_out) != 0) return Wait::kTimedOut;
+      if (start == 0) {
+        start = now;
+      } else if (now - start > s.timeout_ns) {
+        // Give up rather than hang: the host finds timed_out set and raises, naming the ranks in late_ranks;
+        // the data of this call is garbage.
+        atomicOr(&s.self->late_ranks, 1u << q);
+        atomicMax(&s.self->timed_out, k + 1);
+        return Wait::kTimedOut;
+      }
+    }
+  }
+  return Wait::kArrived;
 }
 
 __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
@@ -78,32 +124,52 @@ __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
   const int q = static_cast<int>(threadIdx.x);
   if (q < s.nranks) {
     Signals* peer = static_cast<Signals*>(s.sigs.ptr[q]);
-    st_release_sys(&peer->flag[blockIdx.x][s.rank], value);  // (2) publish it to rank q
-    const uint64_t* mine = &s.self->flag[blockIdx.x][q];
-    uint64_t start = 0;
-    uint32_t spins = 0;
-    while (ld_acquire_sys(mine) < value) {  // (3) wait for rank q
-      // The timer is read every 1024 spins only: %globaltimer costs about as much as a flag load.
-      if (s.timeout_ns != 0 && (++spins & 1023u) == 0) {
-        const uint64_t now = global_timer_ns();
-        // A wait that already gave up (this call or an earlier one) makes every later wait give up at once.
-        // A relaxed atomic load, not a volatile one: other blocks write the word (atomicMax) meanwhile, and a
-        // plain (volatile) load racing an atomic is a data race in the C++ model, which is how the emulated
-        // device checks this code. (Found by ThreadSanitizer, tests/emulation/test_tsan.py.)
-        if (ld_relaxed_sys(&s.self->timed_out) != 0) break;
-        if (start == 0) {
-          start = now;
-        } else if (now - start > s.timeout_ns) {
-          // Give up rather than hang: the host finds timed_out set and raises, naming the ranks in late_ranks;
-          // the data of this call is garbage.
-          atomicOr(&s.self->late_ranks, 1u << q);
-          atomicMax(&s.self->timed_out, k + 1);
-          break;
-        }
-      }
-    }
+    st_release_sys(&peer->flag[blockIdx.x][s.rank], value);          // (2) publish it to rank q
+    wait_flag(s, &s.self->flag[blockIdx.x][q], value, q, k, false);  // (3) wait for rank q
   }
   __syncthreads();  // (4) nobody reads peer data before all P acquires
+}
+
+// Barrier 0, carrying the call's signature (algo/call_sig.h): ranks pair calls by counting, so nothing else
+// notices that they made different calls, and a different count or algorithm would read and write the wrong
+// bytes here and put the flags of every later call out of step. Thread q stores this rank's signature into rank
+// q's area before the release of step (2), and compares rank q's (in this rank's area) after the acquire of step
+// (3): the flag orders the signature like any staged data. Every block compares all P signatures, so a matched
+// call waits for nothing more than a plain barrier 0.
+// Returns false when some rank's call differs. Nothing before barrier 0 writes anything but this rank's own
+// staging half, so no block of any rank has then touched a peer's data or `out`; the caller goes straight to
+// end_call, which keeps every rank's `calls` in step, and the communicator stays usable. Block 0 records the P
+// signatures and the verdict for the host (CustomComm::check_calls) and for blocks b > 0 still waiting.
+__device__ __forceinline__ bool open_call(const Sync& s, const AllReduceArgs& a) {
+  __shared__ uint32_t verdict;  // bit 0: some rank's signature differs; bit 1: released by block 0's verdict
+  const uint64_t value = s.calls * kBarrierStride + 1;
+  const unsigned b = blockIdx.x;
+  const unsigned half = static_cast<unsigned>(s.calls & 1u);
+  const int q = static_cast<int>(threadIdx.x);
+  if (q == 0) verdict = 0;
+  __syncthreads();  // (1)
+  if (q < s.nranks) {
+    Signals* peer = static_cast<Signals*>(s.sigs.ptr[q]);
+    if (a.check) peer->sig[b][half][s.rank] = a.sig;
+    st_release_sys(&peer->flag[b][s.rank], value);  // (2)
+    const Wait w = wait_flag(s, &s.self->flag[b][q], value, q, 0, a.check && b > 0);  // (3)
+    if (w == Wait::kMismatch) {
+      atomicOr(&verdict, 2u);
+    } else if (w == Wait::kArrived && a.check && !algo::call_sig_equal(s.self->sig[b][half][q], a.sig)) {
+      atomicOr(&verdict, 1u);
+    }
+  }
+  __syncthreads();  // (4)
+  if (verdict == 0) return true;
+  if (b == 0) {
+    if (q < s.nranks) s.self->bad[q] = s.self->sig[0][half][q];
+    __syncthreads();
+    if (q == 0) {
+      s.self->mismatches += 1;
+      st_relaxed_sys(&s.self->mismatch, s.calls + 1);
+    }
+  }
+  return false;
 }
 
 // The last block to finish bumps `calls` for the next kernel, and resets the count. Plain stores suffice for the

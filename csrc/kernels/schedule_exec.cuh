@@ -5,7 +5,7 @@
 // Per block b (slice b of every chunk, see peer_ops.cuh):
 //   copy-in        slice b of every chunk of `in` -> this rank's staging half (the schedule's work buffer),
 //                  applying avg's pre-op (floating types: times 1/n) as the host backend's copy-in does.
-//   barrier 0
+//   barrier 0      every rank made this same call (open_call), and staged its input
 //   step t         the rank's ops for step t, in list order. Consecutive ops that write the same chunk of the
 //                  same space from the same chunk index form one group and are applied in one pass: a group
 //                  that starts with a copy computes dst = src_0 op src_1 ..., one that starts with a reduce
@@ -45,10 +45,14 @@ GPUCOLL_HD inline algo::Params allreduce_params(int nranks) {
 template <class Sched, class T, class Op, class Fin>
 __device__ __forceinline__ void run_schedule(const AllReduceArgs& a, Op op, Fin fin) {
   const Sync s = begin_call(a);
+  if (s.skip) return;
   const algo::Params p = allreduce_params(a.nranks);
   const algo::Shape sh = Sched::shape(p);
   stage_input<T>(a, s.calls, sh.nchunks, fin);
-  barrier(s, 0);
+  if (!open_call(s, a)) {  // ranks made different calls: nothing was touched (peer_sync.cuh)
+    end_call(s);
+    return;
+  }
   T* work = static_cast<T*>(staging(a, a.rank, s.calls));
   for (int32_t step = 0; step < sh.nsteps; ++step) {
     algo::Op ops[kMaxStepOps];

@@ -5,7 +5,8 @@
 //
 //   st_release_sys       PTX st.release.sys               C++ release store (+ wake pollers of the word)
 //   ld_acquire_sys       PTX ld.acquire.sys               C++ acquire load (+ a scheduling point for a poller)
-//   ld_relaxed_sys       PTX ld.relaxed.sys               C++ relaxed load
+//   ld_relaxed_sys       PTX ld.relaxed.sys               C++ relaxed load (32- and 64-bit)
+//   st_relaxed_sys       PTX st.relaxed.sys               C++ relaxed store
 //   fetch_add_acq_rel    PTX atom.acq_rel.gpu.add         C++ acq_rel read-modify-write
 //   global_timer_ns      %globaltimer                     CLOCK_MONOTONIC
 //
@@ -41,6 +42,8 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
 }
 
 __device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 
 __device__ __forceinline__ uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
@@ -64,6 +67,16 @@ __device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // Device scope: every block of one kernel runs on the same GPU.

@@ -5,7 +5,7 @@
 //
 // Per block b (slice b of every chunk, see peer_ops.cuh):
 //   staged input:  copy slice b of every chunk of `in` into this rank's staging half.
-//   barrier 0      every rank's input slices are readable (RAW).
+//   barrier 0      every rank's input slices are readable (RAW), and every rank made this same call (open_call).
 //   reduce         staging[chunk r, slice b] = fin(pre(x_0) op ... op pre(x_{P-1})) over every rank's chunk r
 //                  (their staging half, or their registered input). Rank order 0..P-1 with float accumulation: the
 //                  schedule's order (own input first) exists only because the host executor accumulates in
@@ -29,10 +29,14 @@ namespace {
 template <class T, class Op, class Fin>
 __global__ void __launch_bounds__(kThreads) two_shot_kernel(AllReduceArgs a, Op op, Fin fin) {
   const Sync s = begin_call(a);
+  if (s.skip) return;
   const int P = a.nranks;
   const bool staged = a.inputs == nullptr;
   if (staged) stage_input<T>(a, s.calls, P);
-  barrier(s, 0);
+  if (!open_call(s, a)) {  // ranks made different calls: nothing was touched (peer_sync.cuh)
+    end_call(s);
+    return;
+  }
   const Range mine = block_slice<T>(chunk_range(a.count, P, a.rank));
   Srcs<T> src;
   src.n = P;

@@ -172,6 +172,10 @@ void bind_cuda(py::module_& m) {
       .def("timed_out", &CustomComm::timed_out, py::call_guard<py::gil_scoped_release>())
       .def("late_ranks", &CustomComm::late_ranks, py::call_guard<py::gil_scoped_release>(),
            "The ranks a wait of this rank gave up on (their flags never came).")
+      .def("check_calls", &CustomComm::check_calls, py::call_guard<py::gil_scoped_release>(),
+           "InvalidArgument once per call whose kernel found that ranks made different calls (after a sync).")
+      .def("_set_call_check", &CustomComm::set_call_check, py::arg("on"))
+      .def_property_readonly("call_check", &CustomComm::call_check)
       .def("synchronize", &CustomComm::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("close", &CustomComm::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &CustomComm::rank)

@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit status 1 when the average busbw (GB/s) is below this")
     p.add_argument("--compare", choices=("gloo", "torch", "nccl", "unchecked"), default=None,
                    help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll. "
-                        "'unchecked' (host backend; for measuring the cross-rank call check only): the same calls "
+                        "'unchecked' (host and custom backends; for measuring the cross-rank call check only): the same calls "
                         "with the check off, alternating with the check on in the same ranks, medians of 5 each")
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
                    help="seconds a collective may wait for peers before failing")

@@ -250,9 +250,9 @@ def _peer(p: Params, n: int) -> None:
     if not p.compare:
         return
     if p.compare == "unchecked":
-        if p.backend != "host":
-            raise UsageError("--compare unchecked measures the host backend's cross-rank call check; use "
-                             "--backend host")
+        if p.backend not in ("host", "custom"):
+            raise UsageError("--compare unchecked measures the cross-rank call check of the host backend and of "
+                             "the custom kernels; use --backend host or --backend custom")
         p.notes.append("--compare unchecked: the peer column is the same call with the cross-rank call check off "
                        "(a benchmark-only switch; never off in normal use), timed alternately with it on in the "
                        "same ranks: medians of 5 out-of-place timings each; ratio = unchecked / checked")

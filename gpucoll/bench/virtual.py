@@ -146,6 +146,18 @@ def _issue(vr, name: str, kwargs: dict):
     return combine
 
 
+class _CallCheckSwitch:
+    """What --compare unchecked switches on a virtual rank: the kernels' cross-rank call check, on every rank (each
+    rank's thread sets the same value before the calls it times meet in _World.exchange)."""
+
+    def __init__(self, vr):
+        self._vr = vr
+
+    def _set_call_check(self, on: bool) -> None:
+        for c in self._vr.comms:
+            c._set_call_check(on)
+
+
 class VirtualComm:
     """One virtual rank, with the Communicator methods the harness calls."""
 
@@ -156,6 +168,7 @@ class VirtualComm:
         self.rank, self.world_size = rank, world.n
         self.device = f"cuda:{world.device}"
         self.bench_stream = world.stream(rank)
+        self._impl = _CallCheckSwitch(world.vr)
 
     def _call(self, name: str, x, out=None, **kwargs):
         res = self._world.exchange(self.rank, name, (x, out), _issue(self._world.vr, name, kwargs))

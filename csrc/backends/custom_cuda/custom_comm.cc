@@ -4,6 +4,9 @@
 #include <mutex>
 #include <tuple>
 
+#include "algo/call_mismatch.h"
+#include "algo/double_binary_tree.h"
+#include "algo/registry.h"
 #include "backends/custom/eligibility.h"
 #include "backends/nccl_cuda/cuda_util.h"
 #include "core/error.h"
@@ -42,6 +45,17 @@ cudaError_t algo_blocks_per_sm(Algo algo, DType dtype, RedOp op, int* out) {
 }
 
 namespace {
+
+// The registry index of the schedule a kernel runs, for the call signature (the message names it by the
+// registry's name: the custom 'tree' kernel runs the double binary tree, "dbt").
+int32_t sig_algo(Algo a) {
+  const std::string name = a == Algo::kTree ? algo::DoubleBinaryTree::kName : gpucoll::custom::algo_name(a);
+  const auto& all = algo::algorithms();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (name == all[i]->name) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
 
 // Occupancy per (algo, dtype, op), process-wide: the query is far slower than a launch.
 int cached_blocks_per_sm(Algo algo, DType dtype, RedOp op, int device) {
@@ -284,6 +298,10 @@ size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dty
   a.inputs = inputs;
   a.half_bytes = mem_->half_bytes();
   a.timeout_ns = timeout_ns_;
+  // The whole call's count, not a piece's: ranks whose counts differ may agree on the first piece.
+  a.sig = algo::make_call_sig(seq_++, static_cast<int32_t>(algo::Coll::kAllReduce), static_cast<int32_t>(dtype),
+                              static_cast<int32_t>(op), -1, static_cast<int64_t>(count), sig_algo(algo), 0, false);
+  a.check = call_check_;
   int cap = max_blocks_for(algo, dtype, op);
   if (max_blocks > 0) cap = cap > 0 ? std::min(cap, max_blocks) : max_blocks;
   for (size_t i = 0; i < npieces; ++i) {
@@ -294,6 +312,7 @@ size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dty
     a.out = static_cast<char*>(out) + off * esize;
     a.count = n;
     a.in_offset = off;
+    a.continuation = i > 0;
     const LaunchShape shape = gpucoll::custom::choose_launch_shape(algo, n * esize, nranks_, sms_, cap);
     a.blocks = shape.blocks;
     a.threads = shape.threads;
@@ -308,6 +327,30 @@ uint32_t CustomComm::timed_out() const {
   uint32_t v = 0;
   GPUCOLL_CUDA_CHECK(cudaMemcpy(&v, &mem_->signals()->timed_out, sizeof(v), cudaMemcpyDeviceToHost));
   return v;
+}
+
+void CustomComm::check_calls() {
+  if (mem_ == nullptr) return;
+  DeviceGuard guard(device_);
+  const Signals* sig = mem_->signals();
+  uint64_t n = 0;
+  GPUCOLL_CUDA_CHECK(cudaMemcpy(&n, &sig->mismatches, sizeof(n), cudaMemcpyDeviceToHost));
+  if (n == reported_) return;
+  const uint64_t unreported = n - reported_ - 1;
+  reported_ = n;
+  algo::CallSig table[kMaxRanks];
+  GPUCOLL_CUDA_CHECK(cudaMemcpy(table, sig->bad, sizeof(algo::CallSig) * nranks_, cudaMemcpyDeviceToHost));
+  std::vector<int> odd;
+  for (int q = 1; q < nranks_; ++q) {
+    if (!algo::call_sig_equal(table[0], table[q])) odd.push_back(q);
+  }
+  std::string message = algo::call_mismatch_message(table, nranks_);
+  message += "\nThe custom kernels found it before moving any data: no rank read a peer's data or wrote its output in "
+             "that call (outputs hold what they held before), and the communicator is still usable.";
+  if (unreported > 0) {
+    message += " " + std::to_string(unreported) + " earlier mismatched call(s) since the last check went the same way.";
+  }
+  throw Error(ErrorCode::kInvalidArgument, message, "all_reduce", __FILE__, __LINE__, odd);
 }
 
 std::vector<int> CustomComm::late_ranks() const {
@@ -333,6 +376,15 @@ void CustomComm::close() noexcept {
   if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
   // Kernels of this rank may still read peers' memory: finish them before unmapping it.
   if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
+  uint64_t mismatches = reported_;
+  if (cudaMemcpy(&mismatches, &mem_->signals()->mismatches, sizeof(mismatches), cudaMemcpyDeviceToHost) !=
+      cudaSuccess) {
+    cudaGetLastError();
+  } else if (mismatches != reported_) {
+    GPUCOLL_WARN("custom backend: rank ", rank_, " closes with ", mismatches - reported_, " mismatched call(s) never "
+                 "reported (ranks made different all_reduce calls; no data moved in them): nothing synchronised "
+                 "with the communicator after them (barrier(), or wait on an async call's Work)");
+  }
   mappings_.close_all();
   if (table_ != nullptr && cudaFree(table_) != cudaSuccess) cudaGetLastError();
   table_ = nullptr;

@@ -85,6 +85,14 @@ class CustomComm {
 
   // Non-zero once a barrier wait timed out (reads the signal area; synchronises the device).
   uint32_t timed_out() const;
+  // Raises InvalidArgument (call_mismatch_message of every rank's signature, ranks() those differing from rank 0)
+  // once for each call whose kernel found that ranks made different calls (open_call in kernels/peer_sync.cuh),
+  // since the last check. Reads the signal area: call it where the kernels are known to have finished, as for
+  // timed_out. Every rank's kernel finds the same mismatch, so every rank raises the same error there.
+  void check_calls();
+  // The cross-rank signature check of the kernels (on by default; off only to measure what it costs).
+  void set_call_check(bool on) { call_check_ = on; }
+  bool call_check() const { return call_check_; }
   // The ranks some wait of this rank gave up on (whose flags never came), in rank order.
   std::vector<int> late_ranks() const;
   // Waits for all work of this device (teardown: before any rank frees memory its peers read).
@@ -119,6 +127,9 @@ class CustomComm {
   std::map<uintptr_t, Registered> registered_;
   std::vector<std::pair<uintptr_t, Registered>> pending_;
   bool defer_ = false;
+  uint32_t seq_ = 0;        // all_reduce calls made (the signature's call number)
+  uint64_t reported_ = 0;   // Signals::mismatches already raised by check_calls
+  bool call_check_ = true;
 };
 
 // Which launcher runs `algo`.
