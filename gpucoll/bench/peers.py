@@ -36,6 +36,10 @@ def resolve(peer: str, backend: str) -> tuple[str, str | None]:
 
 def unavailable(peer: str, coll: str, backend: str, nranks: int = 1) -> str | None:
     """Why --compare `peer` cannot run here on `nranks` local ranks, or None."""
+    if peer == "unchecked":  # the same calls with the call check off: the backends that have a switch for it
+        return None if backend in ("host", "custom") else (
+            f"--compare unchecked measures the cross-rank call check of the host backend and of the custom kernels "
+            f"(got --backend {backend}); use --backend host or --backend custom")
     if peer == "nccl":
         if backend != "custom":
             return (f"--compare nccl compares gpucoll's own kernels (--backend custom) with NCCL at the same ranks; "

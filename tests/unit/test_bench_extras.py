@@ -70,6 +70,10 @@ def test_compare_peers_say_what_they_mean(capsys):
     assert peers.resolve("torch", "nccl") == ("torch", None)
     assert "all_to_all" in peers.unavailable("gloo", "all_to_all", "host")
     assert "--compare torch" in peers.unavailable("gloo", "all_reduce", "nccl")
+    # The call check's switch exists on the host backend and the custom kernels, not on NCCL.
+    assert peers.unavailable("unchecked", "all_reduce", "host") is None
+    assert peers.unavailable("unchecked", "all_reduce", "custom") is None
+    assert "--backend host or --backend custom" in peers.unavailable("unchecked", "all_reduce", "nccl")
 
 
 def test_plot_png_and_lines(run2, tmp_path):
