@@ -1,11 +1,14 @@
 """gpucoll: GPU-native collective communication for Python.
 
-Importing gpucoll loads only its own native core (gpucoll._C) and NumPy; torch and CuPy are imported when a
-call needs them.
+Importing gpucoll loads only its own modules, its native core (gpucoll._C, through gpucoll._native) and NumPy;
+torch and CuPy are imported when a call needs them.
 """
 
 from gpucoll import errors
+from gpucoll._spawn import spawn
 from gpucoll._version import __version__
+from gpucoll.backends.work import Work, premul_sum
+from gpucoll.communicator import Communicator, init
 from gpucoll.errors import (
     CollectiveTimeout,
     CudaError,
@@ -36,20 +39,3 @@ __all__ = [
     "premul_sum",
     "spawn",
 ]
-
-
-def __getattr__(name):
-    # Lazy so that `import gpucoll` stays cheap and never drags in torch/CuPy.
-    if name in ("init", "Communicator"):
-        from gpucoll import communicator
-
-        return getattr(communicator, name)
-    if name in ("premul_sum", "Work"):
-        from gpucoll import _nccl_backend
-
-        return getattr(_nccl_backend, name)
-    if name == "spawn":
-        from gpucoll._spawn import spawn
-
-        return spawn
-    raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")

@@ -1,56 +1,124 @@
-"""Building this rank's backend for a Communicator: the host backend's shared-memory segment, the NCCL
-communicator, or the custom backend with its per-call selector (gpucoll/_select.py), over the rendezvous store.
-Every rank calls ``build`` together: each backend's set-up is collective."""
+"""The host backend: ranks on one machine reduce CPU arrays through a shared-memory region, running gpucoll's
+schedules (csrc/backends/host/, bound as ``gpucoll._C.HostComm``) on the calling thread.
+
+Set-up (``Host.create``, every rank together): rank 0 creates the region and publishes its handle through the
+rendezvous store; the others attach to it. A call is checked here (CPU memory, no fp8, no stream), its schedule
+picked by the host cost model (``_C.select_algorithm``, or ``algo=``), and run; sends and receives inside
+``group()`` are queued and run together when the block exits.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
+from gpucoll import _buffers
+from gpucoll._native import _C
+from gpucoll.backends.base import Backend
 from gpucoll.bootstrap._server import pid_exited
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
+_KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",
+               "dlpack": "DLPack array"}
+_HOST_STREAM = "stream= applies to the nccl backend; the host backend runs each operation on the calling thread"
 
-def build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"):
-    """(kind, impl, selector or None, chosen): `kind` as resolved ('auto' that became 'custom': chosen=True).
-    The store is closed again if the backend cannot be built."""
-    from gpucoll import _C, _custom_backend, config
 
-    _stage("build")
-    _C.set_log_rank(launch.rank)
-    chosen = (requested == "auto" and kind == "nccl" and not config.get("GPUCOLL_BACKEND").strip()
-              and _custom_backend.takes_auto(launch.world_size))
-    if chosen:
-        kind = "custom"
-    selector = None
-    try:
-        if kind == "nccl":
-            from gpucoll import _nccl_backend
+class Host(Backend):
+    """backend='host' as the Communicator sees it; the impl is gpucoll._C.HostComm."""
 
-            impl = _nccl_backend.init_backend(launch, store, timeout, device)
-        elif kind == "custom":
-            impl = _custom_backend.init_backend(launch, store, timeout, device)
+    name = "host"
+
+    def __init__(self, impl, **kw):
+        super().__init__(impl, **kw)
+        self._group = None  # sends and receives queued inside group(): [(send, peer, buf)]
+        self._group_depth = 0
+
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device):
+        return _init_host(launch, store, timeout), None
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def check_buffer(self, buf, arg: str) -> None:
+        """The host backend's placement rule: CPU memory, and no fp8 (it has no fp8 arithmetic)."""
+        if buf.device != "cpu":
+            what = _KIND_NAMES.get(buf.kind, f"{buf.kind} array")
+            where = "CUDA memory" if buf.device == "cuda" else f"CUDA memory ({buf.device})"
+            raise InvalidArgument(f"{arg} is a {what} in {where}, but this communicator uses the host backend, which "
+                                  f"works on CPU memory: create it with backend='nccl' for CUDA arrays, or copy {arg} "
+                                  f"to the host first")
+        if buf.dtype_name in _buffers.FP8:
+            raise Unsupported(f"{arg} has dtype {buf.dtype_name}: only the nccl backend handles fp8 (NCCL >= 2.24); "
+                              f"the host backend supports {', '.join(_buffers.SUPPORTED)}")
+
+    def check_out(self, src, dst) -> None:
+        if dst.kind != src.kind or dst.device != src.device:
+            raise InvalidArgument(f"out must be a {src.kind} array on {src.device} like x; got a {dst.kind} "
+                                  f"array on {dst.device}")
+
+    # -- operations -----------------------------------------------------------------------------------------------
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        premul = None
+        if redop is not None and type(redop) is not _C.RedOp:  # a premul_sum (the Communicator allows nothing else)
+            premul, redop = float(redop.scalar), _C.RedOp.sum
+        if self._group is not None and self._group:
+            # Collectives keep their order relative to each other; queued p2p goes first so a group that
+            # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
+            batch, self._group = self._group, []
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        name = self._select(coll, algo, self.call_bytes(coll, count, src.itemsize))
+        op = redop if redop is not None else _C.RedOp.sum
+        self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul,
+                      algo is None or algo == "auto")
+
+    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        if self._group is not None:
+            self._group.append((send, peer, buf))
+        else:
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes)])
+
+    @contextlib.contextmanager
+    def group(self):
+        if self._group is not None:
+            self._group_depth += 1
             try:
-                from gpucoll import _select
+                yield
+            finally:
+                self._group_depth -= 1
+            return
+        self._group = []
+        self._group_depth = 1
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            batch, self._group, self._group_depth = self._group, None, 0
+            if ok and batch:
+                self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
 
-                selector = _select.build(store, launch.rank, launch.world_size, device=impl.device,
-                                         local_size=local_size, avail=impl.availability(),
-                                         p2p_failed=impl.p2p_failed_pairs(), timeout=timeout)
-            except BaseException:
-                impl.close()
-                raise
-        else:
-            impl = _init_host(launch, store, timeout)
-    except BaseException:
-        # Ranks still waiting for this one's keys learn at once, and rank 0's server stays up a little for the
-        # ones that have not connected yet (gpucoll's store; others only close).
-        abandon = getattr(store, "abandon", None)
-        if abandon is not None:
-            abandon(launch.world_size)
-        else:
-            store.close()
-        raise
-    return kind, impl, selector, chosen
+    def barrier(self) -> None:
+        self.impl.barrier()
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        return self._select(coll, algo, nbytes)
+
+    def _select(self, coll: int, algo, nbytes: int) -> str:
+        if algo is None:
+            algo = "auto"
+        if not isinstance(algo, str):
+            raise InvalidArgument(f"algo must be a string ('auto' or an algorithm name); got {algo!r}")
+        return _C.select_algorithm(coll, self.world_size, nbytes, self.local_size, algo)
+
+
+# -- set-up -----------------------------------------------------------------------------------------------------
 
 
 # Tests only: called with the name of each step of the host backend's set-up (the kill sweep of
@@ -58,7 +126,7 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
 _STAGE_HOOK = None
 
 
-def _stage(name: str) -> None:
+def stage(name: str) -> None:
     if _STAGE_HOOK is not None:
         _STAGE_HOOK(name)
 
@@ -79,25 +147,23 @@ def _parse_handle(raw: bytes):
 
 
 def _init_host(launch, store, timeout: float):
-    from gpucoll import _C
-
     host = socket.gethostname()
     # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
     generation = (store.add("gpucoll/host/count", 1) - 1) // launch.world_size
     prefix = f"gpucoll/host/{generation}/"
     store.set(f"{prefix}hostname/{launch.rank}", host.encode())
-    _stage("registered")
+    stage("registered")
     if launch.rank == 0:
         for r in range(1, launch.world_size):
             other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
             if r == launch.world_size - 1:
-                _stage("met")  # every rank has reached the store
+                stage("met")  # every rank has reached the store
             if other != host:
                 store.set(f"{prefix}region", b"")
                 raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
                                   f"rank 0 on {host!r}")
         impl = _C.HostComm(0, launch.world_size, float(timeout))
-        _stage("created")
+        stage("created")
         pid, fd, t0, t1 = impl.handle
         store.set(f"{prefix}region", json.dumps({"pid": pid, "fd": fd, "token": [t0, t1]}).encode())
     else:
@@ -112,7 +178,7 @@ def _init_host(launch, store, timeout: float):
                 raise CollectiveTimeout(f"rank 0 exited before this rank could attach to the host backend's region "
                                         f"(its process {handle[0]} is gone)", ranks=(0,)) from None
             raise
-    _stage("attached")
+    stage("attached")
     # Every rank attached before rank 0 lets go of the region's descriptor. Through the store where it has a
     # barrier: gpucoll's server notices a rank whose connection closed (it died) and names it at once;
     # wait_attached then only confirms (and is the whole wait over a store without one).
@@ -120,5 +186,5 @@ def _init_host(launch, store, timeout: float):
     if barrier is not None:
         barrier(f"{prefix}attached", launch.world_size, timeout=timeout, rank=launch.rank)
     impl.wait_attached()
-    _stage("ready")
+    stage("ready")
     return impl
