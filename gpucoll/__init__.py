@@ -1,14 +1,11 @@
 """gpucoll: GPU-native collective communication for Python.
 
-Importing gpucoll loads only its own modules, its native core (gpucoll._C, through gpucoll._native) and NumPy;
-torch and CuPy are imported when a call needs them.
+Importing gpucoll loads only its own native core (gpucoll._C) and NumPy; torch and CuPy are imported when a
+call needs them.
 """
 
 from gpucoll import errors
-from gpucoll._spawn import spawn
 from gpucoll._version import __version__
-from gpucoll.backends.work import Work, premul_sum
-from gpucoll.communicator import Communicator, init
 from gpucoll.errors import (
     CollectiveTimeout,
     CudaError,
@@ -39,3 +36,22 @@ __all__ = [
     "premul_sum",
     "spawn",
 ]
+
+
+def __getattr__(name):
+    # Lazy so that `import gpucoll` stays cheap, never drags in torch/CuPy, and does not load the native core: a
+    # build that cannot load (e.g. a bad GPUCOLL_EMU_* setting) then fails at `import gpucoll._C` with its own
+    # message. These are the package's only function-level imports of its own modules (tests/import_graph.py).
+    if name in ("init", "Communicator"):
+        from gpucoll import communicator
+
+        return getattr(communicator, name)
+    if name in ("premul_sum", "Work"):
+        from gpucoll.backends import work
+
+        return getattr(work, name)
+    if name == "spawn":
+        from gpucoll._spawn import spawn
+
+        return spawn
+    raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")

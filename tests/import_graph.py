@@ -8,7 +8,9 @@ Counted:
   file), imports anywhere in a file (module top or function body) counted alike;
 - function-level imports of gpucoll's own modules (``gpucoll._C`` included): imports inside a def or class body.
   Optional heavy packages (torch, cupy, mpi4py, matplotlib, tqdm) imported lazily are not counted: they stay lazy
-  on purpose, so that ``import gpucoll`` never loads them.
+  on purpose, so that ``import gpucoll`` never loads them. Nor is the package's own lazy attribute gate, the
+  module-level ``__getattr__`` of ``gpucoll/__init__.py`` (``gpucoll.init`` and the rest load on first use, so that
+  ``import gpucoll`` does not load the native core): those are listed apart, as "lazy attributes".
 
 Importing a submodule also runs its parent package's ``__init__``; those implicit edges are not drawn (they would
 tie every package to its own files), only what the ``import`` statements name.
@@ -57,30 +59,37 @@ def _targets(node, here: str, is_package: bool, modules: dict) -> list:
     return out
 
 
-def _walk(tree):
-    """(import node, inside a function or class body) for every import of a module."""
-    def visit(node, nested):
+def _walk(tree, is_package: bool):
+    """(import node, where) for every import of a module: where is "top", "function" (inside a def or class body)
+    or "lazy" (inside a package's module-level __getattr__, PEP 562)."""
+    def visit(node, where):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child, nested
+                yield child, where
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                yield from visit(child, True)
+                lazy = where == "top" and is_package and getattr(child, "name", "") == "__getattr__"
+                yield from visit(child, "lazy" if lazy else where if where != "top" else "function")
             else:
-                yield from visit(child, nested)
-    yield from visit(tree, False)
+                yield from visit(child, where)
+    yield from visit(tree, "top")
 
 
-def graph():
-    """(edges: module -> set of modules, nested: [(file, line, module)] function-level imports of gpucoll)."""
+def graph(lazy=None):
+    """(edges: module -> set of modules, nested: [(file, line, module)] function-level imports of gpucoll); the
+    package's lazy attributes are appended to `lazy` when given."""
     modules = _files()
     edges = {m: set() for m in modules}
     nested = []
     for mod, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        for node, inside in _walk(tree):
-            for target in _targets(node, mod, path.name == "__init__.py", modules):
-                if inside:
-                    nested.append((str(path.relative_to(ROOT)), node.lineno, target))
+        is_package = path.name == "__init__.py"
+        for node, where in _walk(tree, is_package):
+            for target in _targets(node, mod, is_package, modules):
+                row = (str(path.relative_to(ROOT)), node.lineno, target)
+                if where == "function":
+                    nested.append(row)
+                elif where == "lazy" and lazy is not None:
+                    lazy.append(row)
                 if target in modules and target != mod:
                     edges[mod].add(target)
     return edges, nested
@@ -121,7 +130,8 @@ def circles(edges: dict) -> list:
 
 
 def main(argv) -> int:
-    edges, nested = graph()
+    lazy: list = []
+    edges, nested = graph(lazy)
     found = circles(edges)
     print(f"files: {len(edges)}; import edges: {sum(len(v) for v in edges.values())}")
     print(f"circles: {len(found)}")
@@ -136,6 +146,9 @@ def main(argv) -> int:
         per_file[path] = per_file.get(path, 0) + 1
     for path, n in sorted(per_file.items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {n:3d}  {path}")
+    print(f"lazy attributes of a package (module-level __getattr__), not counted above: {len(lazy)}")
+    for path, line, target in lazy:
+        print(f"  {path}:{line} {target}")
     if "--edges" in argv:
         for mod in sorted(edges):
             for target in sorted(edges[mod]):
