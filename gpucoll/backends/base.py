@@ -57,10 +57,6 @@ class Backend(abc.ABC):
     def check_out(self, src, dst) -> None:
         """InvalidArgument unless an output `dst` may go with the input `src` (both already passed check_buffer)."""
 
-    def call_bytes(self, coll: int, count: int, itemsize: int) -> int:
-        """The size of one call as the selectors count it: the world-sized buffer of the blocked collectives."""
-        return count * itemsize * (self.world_size if coll in BLOCKED else 1)
-
     # -- operations -----------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):

@@ -26,6 +26,7 @@ import socket
 from gpucoll import _cuda_buffers, _log, config
 from gpucoll._native import _C
 from gpucoll.backends import nccl, select
+from gpucoll.backends.base import BLOCKED
 from gpucoll.backends.usable import CUSTOM_ALGORITHMS as ALGORITHMS
 from gpucoll.backends.usable import MULTI_RANK_ENV, pick_device
 from gpucoll.backends.usable import check_custom_usable as check_usable
@@ -294,6 +295,9 @@ class Custom(nccl.Nccl):
 
     name = "custom"
 
+    def check_buffer(self, buf, arg: str) -> None:  # (as Nccl's, kept here: one file fewer on every call's path)
+        self.impl.check_buffer(buf, arg)
+
     @classmethod
     def create(cls, launch, store, *, timeout: float, local_size: int, device):
         impl = init_backend(launch, store, timeout, device)
@@ -315,7 +319,7 @@ class Custom(nccl.Nccl):
         if not self._modelled():
             algo = algo[7:] if isinstance(algo, str) and algo.startswith("custom:") else algo
             return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
-        nbytes = self.call_bytes(coll, count, src.itemsize)
+        nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
         choice = self.selector.choose(coll, nbytes, src.dtype_name, algo, backend="auto" if self.chosen else "custom")
         if choice.backend == "custom":
             return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=choice.algorithm)

@@ -15,7 +15,7 @@ import socket
 
 from gpucoll import _buffers
 from gpucoll._native import _C
-from gpucoll.backends.base import Backend
+from gpucoll.backends.base import BLOCKED, Backend
 from gpucoll.bootstrap._server import pid_exited
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
@@ -71,7 +71,8 @@ class Host(Backend):
             # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
             batch, self._group = self._group, []
             self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
-        name = self._select(coll, algo, self.call_bytes(coll, count, src.itemsize))
+        nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
+        name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
         self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul,
                       algo is None or algo == "auto")
