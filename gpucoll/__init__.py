@@ -39,15 +39,17 @@ __all__ = [
 
 
 def __getattr__(name):
-    # Lazy so that `import gpucoll` stays cheap and never drags in torch/CuPy.
+    # Lazy so that `import gpucoll` stays cheap, never drags in torch/CuPy, and does not load the native core: a
+    # build that cannot load (e.g. a bad GPUCOLL_EMU_* setting) then fails at `import gpucoll._C` with its own
+    # message. These are the package's only function-level imports of its own modules (tests/import_graph.py).
     if name in ("init", "Communicator"):
         from gpucoll import communicator
 
         return getattr(communicator, name)
     if name in ("premul_sum", "Work"):
-        from gpucoll import _nccl_backend
+        from gpucoll.backends import work
 
-        return getattr(_nccl_backend, name)
+        return getattr(work, name)
     if name == "spawn":
         from gpucoll._spawn import spawn
 

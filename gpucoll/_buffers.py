@@ -1,13 +1,21 @@
 """Buffer resolution: the one place that turns user arrays into (pointer, count, dtype, device).
 
-Accepted: NumPy arrays and torch tensors (CPU or CUDA), contiguous, used zero-copy; CuPy arrays and other CUDA
-arrays (``__cuda_array_interface__``, ``__dlpack__``) through ``_cuda_buffers``. torch is never imported here: a
-tensor is recognised by its type's module, so NumPy-only users never pay for torch. Which memory a backend accepts
-is the Communicator's check (host: "cpu"; nccl: its CUDA device).
+Accepted, contiguous and used zero-copy: NumPy arrays and torch tensors (CPU or CUDA); CuPy arrays, objects
+exposing ``__cuda_array_interface__`` (Numba, PyCUDA, ...) and objects exposing ``__dlpack__`` on a CUDA device
+(JAX, ...). torch and CuPy are never imported here: an object is recognised by its type's module, and a framework
+is only touched through ``sys.modules`` once the caller's own object proves it is loaded, so NumPy-only users never
+pay for either. Which memory a backend accepts is its Backend's check (gpucoll/backends/); the streams CUDA
+buffers are ordered on are ``_cuda_buffers``' business.
 """
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
+import numpy as np
+
+from gpucoll._native import _C
 from gpucoll.errors import InvalidArgument, Unsupported
 
 # dtype names (NumPy's and torch's spelling after "torch.") -> gpucoll._C.DType member name
@@ -30,6 +38,37 @@ _DTYPES = {
 SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 # fp8 (torch.float8_e4m3fn / float8_e5m2, DLPack): only the nccl backend takes them (NCCL >= 2.24).
 FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+# DLPack device types (dlpack.h): CUDA memory and CUDA managed memory are usable by NCCL.
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+# (type code, bits) -> dtype name, from dlpack.h's DLDataTypeCode.
+_DL_DTYPES = {
+    (0, 8): "int8", (0, 32): "int32", (0, 64): "int64",
+    (1, 8): "uint8",
+    (2, 16): "float16", (2, 32): "float32", (2, 64): "float64",
+    (4, 16): "bfloat16",
+    (10, 8): "float8_e4m3fn", (12, 8): "float8_e5m2",
+}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    # The first member of DLManagedTensor, so a capsule's pointer can be read as this struct directly.
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
 class Buffer:
@@ -78,8 +117,6 @@ def _is_torch_tensor(x) -> bool:
 
 
 def _dtype_enum(name: str, arg: str):
-    from gpucoll import _C
-
     canonical = _DTYPES.get(name)
     if canonical is None and name in FP8:
         canonical = name
@@ -93,15 +130,9 @@ def resolve(x, arg: str = "x", *, writable: bool = False) -> Buffer:
     """Describe `x` (argument name `arg` is used in error messages)."""
     if _is_torch_tensor(x):
         return _resolve_torch(x, arg)
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        np = None
-    if np is not None and isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray):
         return _resolve_numpy(x, arg, writable)
-    from gpucoll import _cuda_buffers
-
-    buf = _cuda_buffers.resolve(x, arg, writable)
+    buf = _resolve_cuda(x, arg, writable)
     if buf is not None:
         return buf
     raise InvalidArgument(f"{arg} must be a NumPy array, a torch tensor, a CuPy array or a CUDA array with "
@@ -150,9 +181,126 @@ def empty_like(buf: Buffer, count: int, shape: tuple | None = None):
 
         return torch.empty(shape, dtype=buf.obj.dtype, device=buf.obj.device)
     if buf.kind != "numpy":
-        from gpucoll import _cuda_buffers
-
-        return _cuda_buffers.empty_like(buf, count, shape)
-    import numpy as np
-
+        return _empty_cuda(buf, count, shape)
     return np.empty(shape, dtype=buf.obj.dtype)
+
+
+# -- CUDA arrays other than torch tensors ---------------------------------------------------------------------
+
+def _is_c_contiguous(shape, strides, itemsize: int) -> bool:
+    """strides in bytes; size-1 dimensions may have any stride (NumPy's and CuPy's rule)."""
+    expected = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _resolve_cuda(x, arg: str, writable: bool):
+    """A Buffer for a CUDA array that is neither NumPy nor torch, or None when `x` is none of the kinds here."""
+    mod = type(x).__module__
+    if (mod == "cupy" or mod.startswith("cupy.")) and hasattr(x, "data") and hasattr(x, "device"):
+        return _resolve_cupy(x, arg)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _resolve_cai(x, cai, arg, writable)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return _resolve_dlpack(x, arg)
+    return None
+
+
+def _resolve_cupy(x, arg: str):
+    dtype, canonical = _dtype_enum(x.dtype.name, arg)
+    if not x.flags.c_contiguous:
+        raise InvalidArgument(f"{arg} must be C-contiguous; got a CuPy array with shape {x.shape} and strides "
+                              f"{x.strides} (use cupy.ascontiguousarray)")
+    return Buffer(x, "cupy", int(x.data.ptr), int(x.size), dtype, canonical, x.itemsize, tuple(x.shape),
+                  f"cuda:{int(x.device.id)}")
+
+
+def _resolve_cai(x, cai, arg: str, writable: bool):
+    try:
+        shape = tuple(int(d) for d in cai["shape"])
+        typestr = cai["typestr"]
+        ptr, readonly = cai["data"]
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgument(f"{arg} has a malformed __cuda_array_interface__ (needs shape, typestr and data): "
+                              f"{cai!r}") from None
+    if cai.get("mask") is not None:
+        raise Unsupported(f"{arg} is a masked __cuda_array_interface__ array; masks are not supported")
+    try:
+        npdt = np.dtype(typestr)
+    except TypeError:
+        raise InvalidArgument(f"{arg} has __cuda_array_interface__ typestr {typestr!r}, which is not a dtype") from None
+    if npdt.kind == "V":
+        raise Unsupported(f"{arg} has __cuda_array_interface__ typestr {typestr!r} (raw bytes): gpucoll cannot tell "
+                          f"its element type; bfloat16 and fp8 arrays must come as torch tensors or through DLPack")
+    dtype, canonical = _dtype_enum(npdt.name, arg)
+    strides = cai.get("strides")
+    if strides is not None and not _is_c_contiguous(shape, tuple(strides), npdt.itemsize):
+        raise InvalidArgument(f"{arg} must be C-contiguous; got a __cuda_array_interface__ array with shape {shape} "
+                              f"and strides {tuple(strides)}")
+    if writable and readonly:
+        raise InvalidArgument(f"{arg} must be writable; its __cuda_array_interface__ says read-only")
+    count = 1
+    for d in shape:
+        count *= d
+    stream = cai.get("stream")
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream < 0):
+        raise InvalidArgument(f"{arg} has __cuda_array_interface__ stream {stream!r}; expected None or a handle")
+    # The device is not part of the interface: "cuda" until the NCCL backend asks the driver.
+    return Buffer(x, "cai", int(ptr or 0), count, dtype, canonical, npdt.itemsize, shape, "cuda", stream=stream)
+
+
+def _resolve_dlpack(x, arg: str):
+    device_type, device_id = (int(v) for v in x.__dlpack_device__())
+    if device_type not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        where = {_DL_CPU: "CPU", _DL_CUDA_HOST: "CUDA pinned host"}.get(device_type, f"type {device_type}")
+        raise InvalidArgument(f"{arg} is a DLPack array in {where} memory; gpucoll takes NumPy arrays and torch "
+                              f"tensors on the CPU, and CUDA memory for the nccl backend")
+    # stream=1 (the legacy default stream, which DLPack inputs are ordered on): the producer makes the data ready
+    # for it. The array API says producers assume it for None too, but torch then skips its synchronisation.
+    # Producers whose __dlpack__ predates the stream argument get the plain call.
+    try:
+        capsule = x.__dlpack__(stream=1)
+    except TypeError:
+        capsule = x.__dlpack__()
+    try:
+        addr = _capsule_pointer(capsule, b"dltensor")
+    except ValueError:
+        raise InvalidArgument(f"{arg}.__dlpack__() did not return a 'dltensor' capsule") from None
+    t = _DLTensor.from_address(addr)
+    if t.dtype.lanes != 1:
+        raise Unsupported(f"{arg} is a vector-typed DLPack array (lanes={t.dtype.lanes}); not supported")
+    name = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
+    if name is None:
+        raise Unsupported(f"{arg} has DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits), which gpucoll does "
+                          f"not support")
+    dtype, canonical = _dtype_enum(name, arg)
+    itemsize = t.dtype.bits // 8
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    if t.strides:  # NULL strides mean C-contiguous
+        strides = tuple(int(t.strides[i]) * itemsize for i in range(t.ndim))
+        if not _is_c_contiguous(shape, strides, itemsize):
+            raise InvalidArgument(f"{arg} must be C-contiguous; got a DLPack array with shape {shape} and strides "
+                                  f"{tuple(s // itemsize for s in strides)} (in elements)")
+    count = 1
+    for d in shape:
+        count *= d
+    ptr = int(t.data or 0) + int(t.byte_offset)
+    # The capsule keeps the producer's memory alive; its destructor releases it when the Buffer goes away.
+    return Buffer(x, "dlpack", ptr, count, dtype, canonical, itemsize, shape, f"cuda:{device_id}", keep=capsule)
+
+
+def _empty_cuda(buf, count: int, shape):
+    """A new CUDA array like `buf` (out=None results) of a kind other than torch's."""
+    if buf.kind == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(int(buf.device.split(":")[1])):
+            return cupy.empty(shape, dtype=buf.obj.dtype)
+    if type(buf.obj).__module__ == "gpucoll._device_array":  # gpucoll.testing.DeviceArray
+        return buf.obj.empty_like(shape)
+    what = "a __cuda_array_interface__" if buf.kind == "cai" else "a DLPack"
+    raise InvalidArgument(f"x is {what} object, for which gpucoll cannot allocate a result array: pass out= "
+                          f"(an array of the result's shape {tuple(shape)} on the same device)")

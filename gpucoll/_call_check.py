@@ -15,6 +15,7 @@ by default (the README gives its measured cost).
 
 from __future__ import annotations
 
+from gpucoll._native import _C
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument
 
 __all__ = ["StoreCallCheck"]
@@ -22,8 +23,6 @@ __all__ = ["StoreCallCheck"]
 
 class StoreCallCheck:
     def __init__(self, store, prefix: str, rank: int, world_size: int, timeout: float):
-        from gpucoll import _C
-
         self._C = _C
         self._store = store
         self._base = f"{prefix}callsig/"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpucoll._native import _C
 from gpucoll.errors import InvalidArgument
 
 # dtype name -> (NumPy storage dtype, DLPack type code, bits).
@@ -62,8 +63,6 @@ class DeviceArray:
     """A C-contiguous CUDA array in memory gpucoll allocated (see the module docstring)."""
 
     def __init__(self, shape, dtype="float32", device: int = 0):
-        from gpucoll import _C
-
         self.shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
         if any(d < 0 for d in self.shape):
             raise InvalidArgument(f"DeviceArray shape must not be negative; got {self.shape}")
@@ -152,14 +151,10 @@ class DeviceArray:
 
     def copy_from_host(self, array) -> None:
         """Overwrite the whole array with `array` (complete on return)."""
-        from gpucoll import _C
-
         _C.cuda_copy_from_host(self.ptr, self._host_storage(array).reshape(-1), self.device)
 
     def to_host(self, raw: bool = False) -> np.ndarray:
         """A NumPy copy (complete on return). bfloat16 comes back as float32 (exact); raw=True: the stored bits."""
-        from gpucoll import _C
-
         out = np.empty(self.shape, dtype=_DTYPES[self.dtype][0])
         _C.cuda_copy_to_host(out.reshape(-1), self.ptr, self.device)
         if self.dtype == "bfloat16" and not raw:
@@ -168,14 +163,10 @@ class DeviceArray:
 
     def fill_bytes(self, byte: int) -> None:
         """Every byte set to `byte` (a sentinel fill before a call whose output must be written)."""
-        from gpucoll import _C
-
         _C.cuda_fill(self.ptr, int(byte) & 0xFF, self.nbytes, self.device)
 
     def copy_(self, src: DeviceArray) -> None:
         """Device-to-device copy of `src` (same size in bytes) into this array."""
-        from gpucoll import _C
-
         if src.nbytes != self.nbytes:
             raise InvalidArgument(f"copy_ needs {self.nbytes} bytes; src has {src.nbytes}")
         _C.cuda_copy(self.ptr, src.ptr, self.nbytes, self.device)
@@ -198,8 +189,6 @@ class DeviceArray:
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule. Every copy into this array completed before it returned, so the data is ready for any
         consumer stream; the capsule keeps the memory alive."""
-        from gpucoll import _C
-
         if copy:
             raise BufferError("DeviceArray exports without copying")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from gpucoll._native import _C
+
 ERROR, WARN, INFO, DEBUG, TRACE = 0, 1, 2, 3, 4
 
 
 def _emit(level: int, message: str) -> None:
-    from gpucoll import _C
-
     _C.log(level, message)
 
 
@@ -28,6 +28,4 @@ def debug(message: str) -> None:
 
 
 def enabled(level: int) -> bool:
-    from gpucoll import _C
-
     return level <= _C.log_level()

@@ -13,6 +13,8 @@ import importlib.util
 import os
 import threading
 
+from gpucoll._native import _C
+
 __all__ = ["WHEEL_DISTRIBUTIONS", "install_hint", "load", "state", "wheel_candidates"]
 
 # cu13 first: it is the current CUDA major, and both wheels install to the same path anyway (one per env).
@@ -63,16 +65,12 @@ def load(refresh: bool = False) -> dict:
     global _cached
     with _lock:
         if _cached is None or refresh:
-            from gpucoll import _C
-
             _cached = dict(_C.nccl_load(wheel_candidates()))
         return dict(_cached)
 
 
 def state() -> dict:
     """The loader's current state without loading anything (attempted is False before the first load)."""
-    from gpucoll import _C
-
     return dict(_C.nccl_state())
 
 

@@ -15,8 +15,8 @@ import json
 import pathlib
 import statistics
 
-from gpucoll import _C
 from gpucoll import topology as T
+from gpucoll._native import _C
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 DATASET = FIXTURES / "published" / "nccl_allreduce.json"

@@ -25,6 +25,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from gpucoll.backends import custom, nccl
+from gpucoll.bootstrap.store import new_secret
+from gpucoll.communicator import init
 from gpucoll.errors import GpucollError, InvalidArgument, InvalidUsage, RemoteError
 
 
@@ -38,8 +41,6 @@ def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results
     try:
         # Before gpucoll (and NCCL, which reads its variables at init) does anything in this process.
         os.environ.update(env or {})
-        from gpucoll.communicator import init
-
         comm = init(rank, nranks, backend=backend, address="127.0.0.1", port=port, timeout=timeout, **init_kwargs)
         try:
             value = fn(comm, *args)
@@ -76,18 +77,12 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
     if backend in ("auto", "nccl"):
         # Decided here, before any worker starts: a missing GPU or NCCL is one clear error, not N failed ranks.
         # (The CUDA probe initialises the driver in this process, which is safe: workers are spawned, not forked.)
-        from gpucoll._nccl_backend import spawn_plan
-
-        backend, worker_env = spawn_plan(nranks, backend)
+        backend, worker_env = nccl.spawn_plan(nranks, backend)
     elif backend == "custom":
         # Ranks beyond the GPU count share GPUs through CUDA IPC (correct, slow); NCCL, the fallback, may too.
-        from gpucoll._custom_backend import spawn_plan as custom_plan
-
-        backend, worker_env = custom_plan(nranks)
+        backend, worker_env = custom.spawn_plan(nranks)
     # The job's secret for its rendezvous store: fresh for every spawn, in the workers' environment only (a
     # communicator they create later over the same store finds it there too).
-    from gpucoll.bootstrap.store import new_secret
-
     worker_env = {**worker_env, "GPUCOLL_STORE_SECRET": new_secret()}
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()

@@ -1,20 +1,29 @@
-"""The Communicator: argument checks, buffer resolution and algorithm choice in one place, then one call into
-the backend. ``gpucoll.init`` builds one from the launcher's environment and a rendezvous store."""
+"""The Communicator: argument checks and buffer resolution in one place, then one call into its backend
+(gpucoll/backends/: the Backend interface in base.py). ``gpucoll.init`` builds one from the launcher's environment
+and a rendezvous store."""
 
 from __future__ import annotations
 
 import contextlib
 
-from gpucoll import _buffers, _log
+from gpucoll import _buffers, _log, backends, config
+from gpucoll._native import _C
+from gpucoll.backends.base import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BROADCAST,
+    GATHER,
+    REDUCE,
+    REDUCE_SCATTER,
+    SCATTER,
+)
+from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
+from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
-from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.errors import InvalidArgument, InvalidUsage
 
 OPS = ("sum", "prod", "min", "max", "avg")
-BACKENDS = ("auto", "host", "nccl", "custom")
-
-# Collective ids: the numbering of gpucoll::algo::Coll.
-ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER = range(8)
-_BLOCKED = (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER)
 
 
 _OP_CACHE: dict = {}
@@ -25,68 +34,19 @@ def _parse_op(op):
         return _OP_CACHE[op]
     except (KeyError, TypeError):
         pass
-    from gpucoll import _C
-
     if isinstance(op, _C.RedOp):
         return op
     if isinstance(op, str) and op.lower() in OPS:
         _OP_CACHE[op] = getattr(_C.RedOp, op.lower())
         return _OP_CACHE[op]
-    from gpucoll._nccl_backend import PreMulSum
-
     if type(op) is PreMulSum:
         return op
     raise InvalidArgument(f"op must be one of {', '.join(OPS)} or gpucoll.premul_sum(scalar); got {op!r}")
 
 
-def _resolve_backend(backend: str) -> str:
-    from gpucoll import config
-
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    if backend == "auto":
-        backend = config.get("GPUCOLL_BACKEND").strip().lower() or "auto"
-        if backend not in BACKENDS:
-            raise InvalidArgument(f"GPUCOLL_BACKEND must be one of host, nccl, custom; got {backend!r}")
-    if backend == "auto":
-        from gpucoll import _nccl_backend
-
-        # NCCL when the buffers will be CUDA: a usable GPU exists and NCCL loads.
-        return "nccl" if _nccl_backend.auto_selects_nccl() else "host"
-    if backend == "nccl":
-        from gpucoll import _nccl_backend
-
-        _nccl_backend.check_usable()
-    if backend == "custom":
-        from gpucoll import _custom_backend
-
-        _custom_backend.check_usable()
-    return backend
-
-
-_KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",
-               "dlpack": "DLPack array"}
-_HOST_STREAM = "stream= applies to the nccl backend; the host backend runs each operation on the calling thread"
-
-
-def _check_host_buffer(buf, arg: str) -> None:
-    """The host backend's placement rule: CPU memory, and no fp8 (it has no fp8 arithmetic)."""
-    if buf.device != "cpu":
-        what = _KIND_NAMES.get(buf.kind, f"{buf.kind} array")
-        where = "CUDA memory" if buf.device == "cuda" else f"CUDA memory ({buf.device})"
-        raise InvalidArgument(f"{arg} is a {what} in {where}, but this communicator uses the host backend, which "
-                              f"works on CPU memory: create it with backend='nccl' for CUDA arrays, or copy {arg} to "
-                              f"the host first")
-    if buf.dtype_name in _buffers.FP8:
-        raise Unsupported(f"{arg} has dtype {buf.dtype_name}: only the nccl backend handles fp8 (NCCL >= 2.24); the "
-                          f"host backend supports {', '.join(_buffers.SUPPORTED)}")
-
-
 def _result(work, value):
-    """What an async_op=True call returns: the backend's Work (nccl), or a completed one (host)."""
+    """What an async_op=True call returns: the backend's Work, or a completed one where the call finished."""
     if work is None:
-        from gpucoll._nccl_backend import CompletedWork
-
         return CompletedWork(value)
     work._result = value
     return work
@@ -105,15 +65,12 @@ class Communicator:
         self._timeout = timeout
         self._closed = False
         self._local_size = local_size
-        self._group = None
-        self._group_depth = 0
         self._close_reason = "close() was called"
-        # per-call choice of our kernels or NCCL (gpucoll/_select.py); chosen: 'auto' picked the custom backend
+        # the per-call selector where the backend has one (gpucoll/backends/select.py); chosen: 'auto' picked it
         self._selector, self._chosen = selector, chosen
-        # The custom backend takes CUDA buffers like NCCL (and hands what its kernels cannot run to NCCL).
-        self._nccl = backend in ("nccl", "custom")
-        # Which memory the backend takes: the NCCL backend checks its device, the host backend CPU memory.
-        self._check_buffer = impl.check_buffer if self._nccl else _check_host_buffer
+        # Everything that depends on the backend (gpucoll/backends/base.py); impl is its implementation object.
+        self._ops = backends.wrap(backend, impl, rank=rank, world_size=world_size, local_size=local_size,
+                                  selector=selector, chosen=chosen)
 
     # -- properties ---------------------------------------------------------------------------------------
     @property
@@ -135,7 +92,7 @@ class Communicator:
     @property
     def device(self) -> str:
         """Where this communicator's buffers live: "cuda:N" (nccl backend) or "cpu"."""
-        return f"cuda:{self._impl.device}" if self._nccl else "cpu"
+        return self._ops.device
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -148,7 +105,7 @@ class Communicator:
             return
         self._closed = True
         try:
-            self._impl.close()
+            self._ops.close()
         finally:
             if self._store is not None:
                 self._store.close()
@@ -165,10 +122,8 @@ class Communicator:
         waiting on peers), then close. Idempotent; later calls raise InvalidUsage."""
         if self._closed:
             return
-        abort = getattr(self._impl, "abort", None)
         try:
-            if abort is not None:
-                abort(f"abort() was called on rank {self._rank}")
+            self._ops.abort(f"abort() was called on rank {self._rank}")
         finally:
             self._close_reason = "abort() was called"
             self.close()
@@ -181,7 +136,7 @@ class Communicator:
     def barrier(self) -> None:
         """Returns once every rank has called barrier()."""
         self._check_open("barrier")
-        self._impl.barrier()
+        self._ops.barrier()
 
     def all_reduce(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` element-wise across ranks with `op`; every rank gets the result.
@@ -291,50 +246,29 @@ class Communicator:
         order. Collectives inside the block run in issue order. On the nccl backend the block is
         ncclGroupStart/ncclGroupEnd: everything in it launches together when the outermost block exits."""
         self._check_open("group")
-        if self._nccl:
-            with self._impl.group():
-                yield self
-            return
-        if self._group is not None:
-            self._group_depth += 1
-            try:
-                yield self
-            finally:
-                self._group_depth -= 1
-            return
-        self._group = []
-        self._group_depth = 1
-        ok = False
-        try:
+        with self._ops.group():
             yield self
-            ok = True
-        finally:
-            batch, self._group, self._group_depth = self._group, None, 0
-            if ok and batch:
-                self._impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
 
     # -- buffer registration (backend='custom') -----------------------------------------------------------
-    def _custom(self, what: str):
+    def _registrar(self, what: str):
         self._check_open(what)
-        if self._backend != "custom":
-            raise Unsupported(f"{what} applies to backend='custom'; this communicator uses {self._backend}")
-        return self._impl
+        return self._ops.registrar(what)
 
     def register(self, x) -> None:
         """Register `x` once (collective: every rank, same order, same size) so that allreduces whose input is
         exactly `x` read every rank's copy in place instead of staging it (backend='custom'). The communicator holds
         `x` until it closes (registration is by address: a freed buffer's address may be handed out again)."""
-        impl = self._custom("register")
+        impl = self._registrar("register")
         impl.register(self._resolve(x, "x"))
 
     def register_graph_buffers(self) -> int:
         """Collective: register the inputs first seen while capturing inside graph_capture(); returns how many."""
-        return self._custom("register_graph_buffers").register_graph_buffers()
+        return self._registrar("register_graph_buffers").register_graph_buffers()
 
     def graph_capture(self):
         """A context to wrap CUDA graph capture (e.g. inside ``torch.cuda.graph``): allreduce inputs first seen
         inside it are read in place by the captured kernels and registered across ranks when it exits."""
-        return self._custom("graph_capture").graph_capture()
+        return self._registrar("graph_capture").graph_capture()
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _p2p(self, send: bool, x, peer, stream=None, async_op=False):
@@ -342,18 +276,11 @@ class Communicator:
         if peer == self._rank:
             raise InvalidArgument(f"peer must be another rank than this one ({self._rank}); got {peer}")
         buf = self._resolve(x, "x", writable=not send)
-        if self._nccl:
-            return self._impl.p2p(send, peer, buf, stream, async_op)
-        if stream is not None:
-            raise InvalidArgument(_HOST_STREAM)
-        if self._group is not None:
-            self._group.append((send, peer, buf))
-        else:
-            self._impl.p2p([(send, peer, buf.ptr, buf.nbytes)])
+        return self._ops.p2p(send, peer, buf, stream, async_op)
 
     def _resolve(self, x, arg: str, writable: bool = False):
         buf = _buffers.resolve(x, arg, writable=writable)
-        self._check_buffer(buf, arg)
+        self._ops.check_buffer(buf, arg)
         return buf
 
     def _check_rank(self, value, name: str) -> int:
@@ -376,46 +303,8 @@ class Communicator:
         return (rows // self._world_size, *src.shape[1:]) if src.shape else (1,)
 
     def _run(self, coll: int, algo, src, dst, count: int, redop, root: int, stream=None, async_op=False):
-        """Hands one collective to the backend; returns the nccl backend's Work for async_op, else None."""
-        if self._backend == "custom":
-            return self._run_custom(coll, algo, src, dst, count, redop, root, stream, async_op)
-        if self._nccl:
-            if algo not in (None, "auto", "nccl") and not (isinstance(algo, str) and algo.startswith("nccl:")):
-                raise InvalidArgument(f"algo={algo!r} cannot run on backend='nccl', which runs NCCL's own algorithms; "
-                                      f"gpucoll's run on backend='custom' or 'auto'")
-            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op)
-        from gpucoll import _C
-
-        if stream is not None:
-            raise InvalidArgument(_HOST_STREAM)
-        premul = None
-        if redop is not None and type(redop) is not _C.RedOp:  # a premul_sum (_parse_op allows nothing else)
-            premul, redop = float(redop.scalar), _C.RedOp.sum
-        if self._group is not None and self._group:
-            # Collectives keep their order relative to each other; queued p2p goes first so a group that
-            # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
-            batch, self._group = self._group, []
-            self._impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
-        nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
-        name = self._select(coll, algo, nbytes)
-        op = redop if redop is not None else _C.RedOp.sum
-        self._impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self._local_size, premul,
-                       algo is None or algo == "auto")
-        return None
-
-    def _run_custom(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op):
-        """The custom backend's call: our kernels or NCCL, as the topology-aware model (or `algo=`) decides."""
-        sel = self._selector
-        if sel is None or (sel.gpus is None and not self._chosen):
-            # 'custom' asked where the GPU topology is unknown (no NVML): the backend's own size rule decides.
-            algo = algo[7:] if isinstance(algo, str) and algo.startswith("custom:") else algo
-            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
-        nbytes = count * src.itemsize * (self._world_size if coll in _BLOCKED else 1)
-        choice = sel.choose(coll, nbytes, src.dtype_name, algo, backend="auto" if self._chosen else "custom")
-        if choice.backend == "custom":
-            return self._impl.collective(coll, src, dst, count, redop, root, stream, async_op,
-                                         algo=choice.algorithm)
-        return self._impl.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
+        """Hands one collective to the backend; returns its Work for async_op where the operation may still run."""
+        return self._ops.collective(coll, algo, src, dst, count, redop, root, stream, async_op)
 
     def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True, slice_in_place=None):
         """`out` checked against `src`. slice_in_place names NCCL's in-place layouts, where the two overlap on
@@ -430,10 +319,7 @@ class Communicator:
             raise InvalidArgument(f"out must have x's dtype {src.dtype_name}; got {dst.dtype_name}")
         if dst.count != count:
             raise InvalidArgument(f"out must have {count} elements; got {dst.count} (shape {dst.shape})")
-        # (nccl: both were checked to be on the communicator's device; CUDA arrays of different kinds may mix)
-        if not self._nccl and (dst.kind != src.kind or dst.device != src.device):
-            raise InvalidArgument(f"out must be a {src.kind} array on {src.device} like x; got a {dst.kind} "
-                                  f"array on {dst.device}")
+        self._ops.check_out(src, dst)
         if slice_in_place == "x_in_out" and src.ptr == dst.ptr + self._rank * src.nbytes:
             return dst
         if slice_in_place == "out_in_x" and dst.ptr == src.ptr + self._rank * dst.nbytes:
@@ -448,22 +334,7 @@ class Communicator:
         (the world-sized buffer for all_gather, reduce_scatter, all_to_all, gather, scatter) runs with `algo`: the
         host backend's schedule name, "custom:<kernel>" when the custom backend runs one of its kernels, "nccl"
         where NCCL runs it (NCCL picks its own algorithm)."""
-        if not self._nccl:
-            return self._select(coll, algo, nbytes)
-        sel = self._selector
-        if self._backend != "custom" or sel is None or (sel.gpus is None and not self._chosen):
-            return "nccl" if self._backend == "nccl" else "custom"
-        choice = sel.choose(coll, nbytes, dtype, algo, backend="auto" if self._chosen else "custom")
-        return f"custom:{choice.algorithm}" if choice.backend == "custom" else "nccl"
-
-    def _select(self, coll: int, algo, nbytes: int) -> str:
-        from gpucoll import _C
-
-        if algo is None:
-            algo = "auto"
-        if not isinstance(algo, str):
-            raise InvalidArgument(f"algo must be a string ('auto' or an algorithm name); got {algo!r}")
-        return _C.select_algorithm(coll, self._world_size, nbytes, self._local_size, algo)
+        return self._ops.algorithm_for(coll, nbytes, dtype, algo)
 
 
 def init(rank: int | None = None, world_size: int | None = None, *, backend: str = "auto",
@@ -512,24 +383,19 @@ def _check_common(backend, timeout, local_size, device):
     """Checks shared by init and init_from_store; returns the resolved backend and local size."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise InvalidArgument(f"timeout must be a positive number of seconds; got {timeout!r}")
-    kind = _resolve_backend(backend)
+    kind = backends.resolve(backend)
     if local_size is None:
-        from gpucoll import config
-
         local_size = config.get_int("GPUCOLL_LOCAL_SIZE")
     if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 0:
         raise InvalidArgument(f"local_size must be a non-negative int (0: one node); got {local_size!r}")
-    if device is not None and kind not in ("nccl", "custom"):
-        raise InvalidArgument(f"device= applies to the nccl backend; this communicator uses the {kind} backend")
+    backends.check_device(kind, device)
     return kind, local_size
 
 
 def _build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"
            ) -> Communicator:
     """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator."""
-    from gpucoll import _backends
-
-    kind, impl, selector, chosen = _backends.build(launch, store, kind, timeout, local_size, device, requested)
+    kind, impl, selector, chosen = backends.build(launch, store, kind, timeout, local_size, device, requested)
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
     return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
                         timeout=timeout, local_size=local_size, selector=selector, chosen=chosen)

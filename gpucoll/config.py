@@ -2,39 +2,29 @@
 
 from __future__ import annotations
 
+from gpucoll._native import _C
+
 
 def variables():
     """Every registered variable: dicts with name, type, default, description, value, is_set."""
-    from gpucoll import _C
-
     return _C.config_vars()
 
 
 def get(name: str) -> str:
-    from gpucoll import _C
-
     return _C.config_raw(name)
 
 
 def get_bool(name: str) -> bool:
-    from gpucoll import _C
-
     return _C.config_bool(name)
 
 
 def get_int(name: str) -> int:
-    from gpucoll import _C
-
     return _C.config_int(name)
 
 
 def get_bytes(name: str) -> int:
-    from gpucoll import _C
-
     return _C.config_bytes(name)
 
 
 def is_set(name: str) -> bool:
-    from gpucoll import _C
-
     return _C.config_is_set(name)

@@ -13,8 +13,12 @@ import json
 import platform
 import sys
 
+from gpucoll import _nccl
 from gpucoll._help import HelpFormatter
+from gpucoll._native import _C, LOAD_ERROR
 from gpucoll._version import __version__
+from gpucoll.backends.usable import device_map, multi_rank_enabled
+from gpucoll.bootstrap import detect_launch
 
 # Versions reported when installed. CuPy ships under one distribution name per CUDA major.
 PACKAGES = (
@@ -31,13 +35,10 @@ PACKAGES = (
 
 
 def _native():
-    """gpucoll._C, or the error text when the native core cannot be imported."""
-    try:
-        from gpucoll import _C
-
-        return _C, ""
-    except ImportError as exc:  # a broken build must still be diagnosable
-        return None, f"{type(exc).__name__}: {exc}"
+    """gpucoll._C, or the error text when the native core cannot be imported (gpucoll._native)."""
+    if LOAD_ERROR:  # a broken build must still be diagnosable
+        return None, LOAD_ERROR
+    return _C, ""
 
 
 def _nvml() -> dict:
@@ -81,8 +82,6 @@ def _packages() -> dict:
 
 def collect() -> dict:
     """Everything `gpucoll info` reports, as JSON-serialisable data."""
-    from gpucoll import _nccl
-
     info = {
         "gpucoll": __version__,
         "python": sys.version.split()[0],
@@ -120,10 +119,7 @@ def collect() -> dict:
 
 
 def _device_map(cuda: dict, nccl: dict) -> dict:
-    """Which GPU each local rank of the nccl backend would use here (gpucoll._nccl_backend.pick_device)."""
-    from gpucoll import _nccl_backend
-    from gpucoll.bootstrap import detect_launch
-
+    """Which GPU each local rank of the nccl backend would use here (gpucoll.backends.usable.pick_device)."""
     count = int(cuda.get("device_count") or 0)
     try:
         launch = detect_launch()
@@ -131,13 +127,13 @@ def _device_map(cuda: dict, nccl: dict) -> dict:
         this = launch.local_rank
     except Exception:  # noqa: BLE001 - no launcher: show one rank per visible GPU
         local, source, this = max(count, 1), "no launcher: one rank per GPU", None
-    shared = bool(nccl.get("loaded")) and _nccl_backend.multi_rank_enabled(nccl.get("version") or 0)
+    shared = bool(nccl.get("loaded")) and multi_rank_enabled(nccl.get("version") or 0)
     return {
         "local_world_size": local,
         "source": source,
         "this_local_rank": this,
         "shared_gpus": shared,
-        "map": [[lr, dev] for lr, dev in _nccl_backend.device_map(local, count, shared)],
+        "map": [[lr, dev] for lr, dev in device_map(local, count, shared)],
     }
 
 

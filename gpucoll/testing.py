@@ -37,6 +37,8 @@ import contextlib
 
 from gpucoll import _buffers, _cuda_buffers
 from gpucoll._device_array import DeviceArray
+from gpucoll._native import _C
+from gpucoll.backends import custom
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage
 
 __all__ = ["DeviceArray", "VirtualRanks", "virtual_ranks"]
@@ -48,14 +50,12 @@ class VirtualRanks:
     _broken = False  # set once a call timed out (see synchronize)
 
     def __init__(self, nranks: int, device: int = 0, *, buffer_bytes: int | None = None, timeout: float = 60.0):
-        from gpucoll import _C, _custom_backend
-
         if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= _C.CUSTOM_MAX_RANKS:
             raise InvalidArgument(f"nranks must be an int in [1, {_C.CUSTOM_MAX_RANKS}]; got {nranks!r}")
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise InvalidArgument(f"device must be a CUDA device index; got {device!r}")
-        _custom_backend.check_usable("gpucoll.testing.virtual_ranks")
-        half = _custom_backend.half_bytes() if buffer_bytes is None else int(buffer_bytes) // 256 * 256
+        custom.check_usable("gpucoll.testing.virtual_ranks")
+        half = custom.half_bytes() if buffer_bytes is None else int(buffer_bytes) // 256 * 256
         if half < 4096:
             raise InvalidArgument(f"buffer_bytes must be at least 4096; got {buffer_bytes!r}")
         self.nranks, self.device, self._closed = nranks, device, False
@@ -79,8 +79,6 @@ class VirtualRanks:
 
     def launch_shape(self, algo: str, nbytes: int, dtype="float32", op="sum") -> tuple:
         """(blocks, threads) per rank of one call, the residency cap included."""
-        from gpucoll import _C
-
         return self.comms[0].shape_for(algo, int(nbytes), getattr(_C.DType, dtype), getattr(_C.RedOp, op))
 
     def _check_open(self) -> None:
@@ -106,8 +104,6 @@ class VirtualRanks:
     def all_reduce(self, xs, outs=None, op="sum", algo="auto", streams=None):
         """One allreduce over the P ranks: rank r reduces xs[r] into outs[r] (xs[r] when outs is None), on its
         stream (``streams[r]`` if given: raw handles or torch/CuPy streams). Returns the outputs."""
-        from gpucoll import _C, _custom_backend
-
         self._check_open()
         src = self._resolve_all(xs, "xs", writable=outs is None)
         dst = src if outs is None else self._resolve_all(outs, "outs", writable=True)
@@ -116,7 +112,7 @@ class VirtualRanks:
         redop = getattr(_C.RedOp, op, None) if isinstance(op, str) else None
         if redop is None:
             raise InvalidArgument(f"op must be one of sum, min, max, avg; got {op!r}")
-        name = _custom_backend.resolve_algo(algo, src[0].nbytes, self.nranks)
+        name = custom.resolve_algo(algo, src[0].nbytes, self.nranks)
         handles = self.streams if streams is None else [_cuda_buffers.stream_handle(s, self.device) for s in streams]
         if len(handles) != self.nranks:
             raise InvalidArgument(f"streams must hold {self.nranks} streams")
@@ -150,8 +146,6 @@ class VirtualRanks:
         """Capture the calls made inside the block on all P streams into one CUDA graph (yielded; replay it with
         ``g.replay(times)`` on rank 0's stream, then ``synchronize()``). Inputs first seen inside are registered
         on exit, so replays read them in place."""
-        from gpucoll import _C
-
         self._check_open()
         graph = _C.MultiStreamGraph(self.device, self.streams)
         for c in self.comms:

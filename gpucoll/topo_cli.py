@@ -12,8 +12,9 @@ import argparse
 import json
 import sys
 
-from gpucoll import _select, topology
+from gpucoll import topology
 from gpucoll._help import HelpFormatter
+from gpucoll.backends import select
 from gpucoll.errors import GpucollError
 
 
@@ -53,7 +54,7 @@ def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_no
     doc["p2p_ring"] = topology.ring(topo, node0, require_p2p=True)
     doc["trees"] = topology.trees(topo, nranks_per_node, nodes)
     # The custom backend as this build has it (issue 5: all_reduce kernels), so the table shows what would run.
-    custom = _select.custom_algorithms()
+    custom = select.custom_algorithms()
     doc["custom_algorithms"] = list(custom)
     esize = {"float64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}.get(dtype, 4)
     for s in sizes():

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import socket
 
-from gpucoll import _C
+from gpucoll._native import _C, LOAD_ERROR
 
-Topology = _C.Topology
+Topology = None if LOAD_ERROR else _C.Topology  # the value type (None where the native core did not load)
 
 
 def detect() -> Topology:

@@ -22,7 +22,9 @@ import sys
 
 import numpy as np
 
+from gpucoll import topology
 from gpucoll._help import HelpFormatter
+from gpucoll._native import _C
 
 
 def _row_algorithm(row: dict, backend: str) -> tuple[str, str]:
@@ -52,8 +54,6 @@ def _rows(doc: dict):
 
 
 def fit(docs, link_class: str = "", local: int = 0) -> dict:
-    from gpucoll import _C
-
     groups: dict = {}
     for doc in docs:
         for backend, algo, coll, nranks, size, t in _rows(doc):
@@ -100,8 +100,6 @@ def fit(docs, link_class: str = "", local: int = 0) -> dict:
 def fit_network(docs, topo) -> dict | None:
     """NCCL's network terms from multi-node NCCL runs: per row, the model's time of NCCL's pick is
     base + steps * latency + net_s / eta (nccl_model.h NetTerms); latency and 1/eta by relative least squares."""
-    from gpucoll import _C, topology
-
     A, y = [], []
     for doc in docs:
         hosts = sorted({d.get("hostname", "") for d in doc.get("devices") or []})
@@ -150,8 +148,6 @@ def main(argv=None) -> int:
             docs.append(json.load(f))
     out = fit(docs, args.link_class, args.local_size)
     if args.topology:
-        from gpucoll import topology
-
         net = fit_network(docs, topology.load(args.topology))
         if net is None:
             print("gpucoll-tune: --topology given but no NCCL run spans two or more hosts", file=sys.stderr)

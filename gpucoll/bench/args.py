@@ -9,6 +9,7 @@ import os
 import sys
 
 from gpucoll._help import HelpFormatter
+from gpucoll._native import _C
 from gpucoll.bench import colls
 from gpucoll.bench.harness import Params
 from gpucoll.bench.report import size_label
@@ -37,8 +38,6 @@ _CHECK_WITHOUT_COUNT = object()
 
 def _size(what: str):
     def parse(text: str) -> int:
-        from gpucoll import _C
-
         try:
             return int(_C.parse_bytes(text.strip()))
         except Exception:  # noqa: BLE001 - gpucoll's InvalidArgument or anything else: one clear message
@@ -139,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", type=_backends, default=["auto"],
                    help="comma list of host, nccl, custom, auto (auto: nccl when a GPU and NCCL are usable, else "
                         "host); each runs as its own block of rows")
-    from gpucoll import _C
-
     p.add_argument("--algo", default="auto", help="comma-separated algorithms, each run as its own block of rows: "
                    f"auto, all, or {', '.join(_C.algorithm_names())}")
     p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write every row, the run parameters "
@@ -230,8 +227,6 @@ def _parse_algos(parser, coll, text: str, notes: list) -> tuple[list[str], bool]
     """--algo a,b,c or all -> (algorithms, whether "all" was asked for). A named algorithm that does not implement
     the collective is a usage error that says why; "all" keeps those that implement it (world-size checks come
     later, in check_world, once the number of ranks is known)."""
-    from gpucoll import _C
-
     known = list(_C.algorithm_names())
     asked = list(dict.fromkeys(a.strip().lower() for a in text.split(",") if a.strip())) or ["auto"]
     algos, algo_all = [], False

@@ -26,17 +26,21 @@ import contextlib
 import json
 import sys
 
+from gpucoll import config
 from gpucoll._help import HelpFormatter
-from gpucoll.bench import colls, report
+from gpucoll._native import _C
+from gpucoll.backends import nccl
+from gpucoll.bench import colls, harness, report, virtual
 from gpucoll.bench.harness import Params
+from gpucoll.bench.plot import plot_docs
+from gpucoll.bench.usage import EXIT_FAILED, EXIT_OK, EXIT_WRONG, UsageError, resolve_backend
+from gpucoll.errors import Unsupported
 
 SWEEP = {"minbytes": 1 << 10, "maxbytes": 64 << 10, "stepfactor": 4, "iters": 5, "warmup_iters": 1, "check": 1}
 
 
 def gpu_backend_problems() -> dict[str, str | None]:
     """{"nccl": why not or None, "custom": ...}: whether cli.resolve_backend accepts each GPU backend here."""
-    from gpucoll.bench.cli import UsageError, resolve_backend
-
     out: dict[str, str | None] = {}
     for b in ("nccl", "custom"):
         try:
@@ -49,8 +53,6 @@ def gpu_backend_problems() -> dict[str, str | None]:
 def _no_gpu_reason(problems: dict) -> str:
     """One line for "no GPU backend runs here": the CUDA probe's reason when there is no GPU at all, else each
     backend's."""
-    from gpucoll import _C
-
     probe = _C.cuda_probe()
     if not probe.get("device_count"):
         return f"no usable CUDA GPU ({probe.get('reason') or 'no device'})"
@@ -94,23 +96,17 @@ def check_ranks(backend: str, asked: int | None) -> tuple[int, str]:
         return asked, ""
     if backend != "nccl":
         return 2, ""
-    from gpucoll import _C
-    from gpucoll._nccl_backend import spawn_plan
-    from gpucoll.errors import Unsupported
-
     gpus = int(_C.cuda_probe().get("device_count") or 0)
     if gpus >= 2:
         return gpus, ""
     try:
-        spawn_plan(2, "nccl")
+        nccl.spawn_plan(2, "nccl")
         return 2, "2 ranks share the GPU (NCCL multi-rank mode)"
     except Unsupported as e:
         return 1, f"1 rank: {str(e).splitlines()[0]}"
 
 
 def _check_rank(comm, plist: list) -> list[dict]:
-    from gpucoll.bench import harness
-
     return [harness.run_rank(comm, p) for p in plist]
 
 
@@ -145,8 +141,6 @@ def _parse(argv: list[str]):
     if bad or (args.nranks is not None and args.nranks < 1):
         ap.error(f"unknown collective(s) {', '.join(bad)}" if bad else "--nranks must be >= 1")
     if args.tuning is None:
-        from gpucoll import config
-
         args.tuning = config.get("GPUCOLL_TUNING_FILE").strip() or None
     try:
         args.table = load_thresholds(args.tuning)
@@ -154,8 +148,6 @@ def _parse(argv: list[str]):
         ap.error(str(e))
     args.no_gpu = None  # why no GPU backend is checked (when none is), said before the lines and in the summary
     if args.backend:
-        from gpucoll.bench.cli import UsageError, resolve_backend
-
         try:
             backends = [resolve_backend(b.strip()) for b in args.backend.split(",") if b.strip()]
         except UsageError as e:
@@ -172,8 +164,6 @@ def _parse(argv: list[str]):
 
 
 def check_main(argv: list[str]) -> int:
-    from gpucoll.bench.cli import EXIT_OK
-
     try:
         args, names, backends = _parse(argv)
     except SystemExit as e:
@@ -184,8 +174,6 @@ def check_main(argv: list[str]) -> int:
             print(f"check: no GPU backend can run here, checking the host backend only: {args.no_gpu}")
         status, docs = _run_checks(args, names, backends, argv)
         if args.plot and docs:
-            from gpucoll.bench.plot import plot_docs
-
             plot_docs([(f"{d['environment']['backend']} {d['config']['collective']}", d) for d in docs], args.plot,
                       title="gpucoll-bench --health-check")
         checked = ", ".join(backends) + (" only: no GPU checked" if args.no_gpu else "")
@@ -197,9 +185,6 @@ def check_main(argv: list[str]) -> int:
 
 def _run_checks(args, names: list[str], backends: list[str], argv: list[str]) -> tuple[int, list]:
     """Each backend's sweep, one line per (backend, collective); (exit status, the runs' JSON documents)."""
-    from gpucoll.bench import harness, virtual
-    from gpucoll.bench.cli import EXIT_FAILED, EXIT_OK, EXIT_WRONG
-
     status, docs = EXIT_OK, []
     for backend in backends:
         n, note = check_ranks(backend, args.nranks)

@@ -17,56 +17,26 @@ import os
 import sys
 import traceback
 
-from gpucoll.bench import colls, launch, report
+from gpucoll import config
+from gpucoll import errors as gpucoll_errors
+from gpucoll._native import _C
+from gpucoll.backends import nccl
+from gpucoll.bench import colls, devmem, harness, launch, peers, report, virtual
 from gpucoll.bench.args import parse_args
+from gpucoll.bench.check import check_main
 from gpucoll.bench.harness import Params, sizes
-
-EXIT_OK, EXIT_WRONG, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
-
-# The variables whose presence means "a launcher started this process as one rank of a job".
-LAUNCHER_VARS = (("torchrun", ("RANK", "WORLD_SIZE")), ("openmpi", ("OMPI_COMM_WORLD_RANK",)),
-                 ("mpich", ("PMI_RANK",)), ("slurm", ("SLURM_PROCID",)))
-
-class UsageError(Exception):
-    pass
-
-
-def launcher() -> str | None:
-    for name, variables in LAUNCHER_VARS:
-        if any(os.environ.get(v, "").strip() for v in variables):
-            return name
-    return None
-
-
-def resolve_backend(requested: str, coll: str | None = None) -> str:
-    """The backend to run. Raises UsageError with what to do instead when it cannot run here."""
-    from gpucoll import _C
-    from gpucoll.bench import devmem, virtual
-
-    if requested == "auto":
-        from gpucoll._nccl_backend import auto_selects_nccl
-
-        return "nccl" if auto_selects_nccl() and devmem.cuda_lib() is not None else "host"
-    if requested == "custom":
-        why = virtual.problem(coll)
-        if why:
-            raise UsageError(why)
-        return requested
-    if requested == "nccl":
-        from gpucoll._nccl_backend import problems
-
-        probe = _C.cuda_probe()
-        if probe.get("device_count", 0) == 0:
-            raise UsageError(f"--backend nccl needs a usable CUDA GPU and this machine has none "
-                             f"({probe.get('reason') or 'no device'}); use --backend host to benchmark the CPU "
-                             f"shared-memory backend")
-        found = problems()
-        if found:
-            raise UsageError("--backend nccl cannot run here: " + "; ".join(found))
-        if devmem.cuda_lib() is None:
-            raise UsageError("--backend nccl allocates CUDA buffers with torch or CuPy, and neither can use the GPU "
-                             "here: install torch with CUDA or cupy-cuda13x")
-    return requested
+from gpucoll.bench.plot import plot_docs, report_main
+from gpucoll.bench.usage import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRONG,
+    UsageError,
+    launcher,
+    resolve_backend,
+)
+from gpucoll.bootstrap import detect_launch
+from gpucoll.errors import Unsupported
 
 
 def check_backend(p: Params, nranks: int, requested: str) -> None:
@@ -82,8 +52,6 @@ def check_backend(p: Params, nranks: int, requested: str) -> None:
         return
     if p.graph and p.blocking:
         raise UsageError("-z 1 synchronizes after every call, which a CUDA graph capture cannot do: use -G or -z")
-    from gpucoll.bench import devmem, virtual
-
     if devmem.cuda_lib() == "cupy":
         p.dtypes = _runnable(p.dtypes, p.dtypes_all, "-d", where, p.notes, lambda t: (
             "CuPy has no bfloat16 and torch cannot use the GPU here, so CUDA buffers come from CuPy"
@@ -102,8 +70,6 @@ def check_backend(p: Params, nranks: int, requested: str) -> None:
         def algo_why(a: str) -> str | None:
             why = virtual.algo_problem(a)
             if why is None and p.algo_all and a != "auto":
-                from gpucoll import _C
-
                 kernel = _C.custom_algo_name(a)
                 if kernels.setdefault(kernel, a) != a:
                     why = f"it runs the {kernel} kernel, as {kernels[kernel]} does"
@@ -115,11 +81,8 @@ def check_backend(p: Params, nranks: int, requested: str) -> None:
         p.notes.append(f"--backend nccl: NCCL picks its own algorithm, so --algo {','.join(p.algos)} runs as auto")
         p.algos = ["auto"]
     if nranks > 1 and launcher() is None:
-        from gpucoll._nccl_backend import spawn_plan
-        from gpucoll.errors import Unsupported
-
         try:
-            _, env = spawn_plan(nranks, "nccl")
+            _, env = nccl.spawn_plan(nranks, "nccl")
         except Unsupported as e:
             raise UsageError(str(e)) from None
         if env:
@@ -143,8 +106,6 @@ def check_world(p: Params, nranks: int) -> None:
     """What can only be checked once the number of ranks is known: the root, the collective's minimum, and each
     algorithm at this world size (gpucoll._C.algorithm_unusable). Raises UsageError saying why; algorithms that
     came from --algo all are dropped with a note instead."""
-    from gpucoll import _C, config
-
     coll = colls.get(p.coll)
     if nranks < coll.min_ranks:
         raise UsageError(f"{coll.name} needs at least {coll.min_ranks} ranks (each rank sends to rank+1 and receives "
@@ -202,8 +163,6 @@ def _fit_memory(p: Params, local_ranks: int) -> None:
         return
     limit = max(0, avail - (1 << 30)) // (3 * max(1, local_ranks))
     if p.backend in ("nccl", "custom"):
-        from gpucoll import _C
-
         mems = [int(d.get("total_memory") or 0) for d in (_C.cuda_probe().get("devices") or [])]
         if mems and min(mems) > 0:
             per_gpu = local_ranks if p.backend == "custom" else -(-max(1, local_ranks) // len(mems))
@@ -257,8 +216,6 @@ def _peer(p: Params, n: int) -> None:
                        "(a benchmark-only switch; never off in normal use), timed alternately with it on in the "
                        "same ranks: medians of 5 out-of-place timings each; ratio = unchecked / checked")
         return
-    from gpucoll.bench import peers
-
     peer, note = peers.resolve(p.compare, p.backend)
     why = peers.unavailable(peer, p.coll, p.backend, n)
     if why:
@@ -271,12 +228,8 @@ def _peer(p: Params, n: int) -> None:
 
 def _run(p: Params, requested: str) -> list:
     """One backend's run; the results of the ranks in this process (all of them unless under a launcher)."""
-    from gpucoll.bench import harness
-
     which = launcher()
     if p.nranks is None and which is not None:
-        from gpucoll.bootstrap import detect_launch
-
         if p.backend == "custom":
             raise UsageError("--backend custom runs P virtual ranks in one process: use --nranks P instead of a "
                              "launcher")
@@ -313,15 +266,11 @@ def write_outputs(p: Params, docs: list) -> None:
     if p.csv:
         report.write_csv(p.csv, doc)
     if p.plot:
-        from gpucoll.bench.plot import plot_docs
-
         plot_docs([("", doc)], p.plot)
 
 
 def _failed(e: BaseException) -> int:
     """One clear line (and details) for a failed run; its exit status."""
-    from gpucoll import errors as gpucoll_errors
-
     if isinstance(e, UsageError):
         print(f"gpucoll-bench: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -351,8 +300,6 @@ def plan_backends(p: Params) -> list[tuple[str, Params]]:
         if q.compare and (q.nranks is not None or launcher() is None):
             # A peer that does not fit a later backend of the sweep (--compare gloo with host,nccl) is refused
             # now, not after the earlier backends ran.
-            from gpucoll.bench import peers
-
             why = peers.unavailable(peers.resolve(q.compare, q.backend)[0], q.coll, q.backend, q.nranks or 1)
             if why:
                 raise UsageError(why)
@@ -363,15 +310,11 @@ def plan_backends(p: Params) -> list[tuple[str, Params]]:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["report"]:
-        from gpucoll.bench.plot import report_main
-
         return report_main(args[1:])
     # The health check: `gpucoll-bench --health-check` (or `check`, or `--check` as the first argument, its older
     # spellings); -c/--check N after a collective stays nccl-tests' check count.
     if args[:1] in (["--health-check"], ["health-check"], ["check"]) or (
             args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
-        from gpucoll.bench.check import check_main
-
         return check_main(args[1:])
     try:
         p = parse_args(argv)

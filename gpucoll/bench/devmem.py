@@ -19,6 +19,9 @@ import time
 
 import numpy as np
 
+from gpucoll._native import _C, LOAD_ERROR
+from gpucoll.testing import DeviceArray
+
 _TORCH_NAMES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64", "half": "float16",
                 "float": "float32", "double": "float64", "bfloat16": "bfloat16"}
 
@@ -297,8 +300,6 @@ class GpucollMem(_DeviceMem):
     kind = "cuda"
 
     def __init__(self, device: int, stream=None):
-        from gpucoll import _C
-
         self._C = _C
         self.device = int(device)
         devices = _C.cuda_probe().get("devices") or []
@@ -315,8 +316,6 @@ class GpucollMem(_DeviceMem):
         return int(self._stream) if isinstance(self._stream, int) else 0
 
     def twin(self, host: np.ndarray):
-        from gpucoll.testing import DeviceArray
-
         dev = DeviceArray(host.size, "uint8", self.device)
         dev.fill_bytes(0)  # complete on return: ordered before any stream's later upload
         return dev
@@ -417,9 +416,7 @@ def cuda_lib() -> str | None:
             return "cupy"
     except ImportError:
         pass
-    try:
-        from gpucoll import _C
-    except ImportError:
+    if LOAD_ERROR:  # no native core, so no DeviceArray
         return None
     if _C.build_info().get("cuda_built") and _C.cuda_probe().get("device_count"):
         return "gpucoll"

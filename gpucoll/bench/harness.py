@@ -25,7 +25,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpucoll.bench import colls, devmem, report
+import gpucoll
+from gpucoll import __version__, info
+from gpucoll._native import _C
+from gpucoll._spawn import free_port
+from gpucoll.bench import colls, devmem, report, virtual
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
 from gpucoll.errors import GpucollError, InvalidArgument
 
@@ -399,8 +403,6 @@ class _Rank:
                 "rows": self.rows if self.rank == 0 else None, "doc": doc}
 
     def _json_doc(self, ranks, errors: int, avg_bw: float, per_algo: dict, started: float) -> dict:
-        from gpucoll import _C
-
         p = self.p
         config = {"collective": p.coll, "nthreads": 1, "ngpus": 1, "minimum_bytes": p.minbytes,
                   "maximum_bytes": p.maxbytes, "warmup_iters": p.warmup_iters, "iterations": p.iters,
@@ -426,16 +428,12 @@ class _Rank:
 def _info() -> dict:
     """`gpucoll info --json`'s object (gpucoll.info.collect); an error string instead of failing the run."""
     try:
-        from gpucoll import info
-
         return info.collect()
     except Exception as e:  # noqa: BLE001 - the environment is informative, never fatal
         return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _version() -> str:
-    from gpucoll import __version__
-
     return __version__
 
 
@@ -448,18 +446,12 @@ def run_local(fn, p: Params, n: int, args: tuple) -> list:
     """fn(comm, *args) on `n` local ranks of p.backend, results in rank order: one rank in this process, more as
     spawned processes (nccl: as gpucoll.spawn places them, several on one GPU where NCCL allows), custom as
     virtual ranks in this process (bench/virtual.py)."""
-    import gpucoll
-
     if p.backend == "custom":
-        from gpucoll.bench import virtual
-
         p.launch = "virtual"
         return virtual.run(fn, n, args, p.timeout)
     if n > 1:
         p.launch = "spawn"
         return gpucoll.spawn(fn, n, args=args, backend=p.backend, timeout=p.timeout)
-    from gpucoll._spawn import free_port
-
     p.launch = "in-process"
     comm = gpucoll.init(0, 1, backend=p.backend, address="127.0.0.1", port=free_port(), timeout=p.timeout)
     try:

@@ -5,25 +5,23 @@ from __future__ import annotations
 
 import os
 
+from gpucoll._native import _C
+from gpucoll.backends import nccl
+from gpucoll.bench.usage import UsageError
 from gpucoll.bootstrap.external import launcher_store
 from gpucoll.communicator import init_from_store
+from gpucoll.errors import Unsupported
 
 
 def share_gpus(p, local_ranks: int) -> None:
     """Under a launcher with more ranks on this node than GPUs: NCCL's multi-rank mode, set in this rank's own
     environment before its NCCL communicator exists (NCCL reads it at init; gpucoll's device choice reads it too),
     as gpucoll.spawn sets it for spawned ranks. UsageError saying why when the loaded NCCL cannot share GPUs."""
-    from gpucoll import _C
-    from gpucoll._nccl_backend import spawn_plan
-    from gpucoll.errors import Unsupported
-
     if local_ranks <= int(_C.cuda_probe().get("device_count") or 0):
         return
     try:
-        _, env = spawn_plan(local_ranks, "nccl")
+        _, env = nccl.spawn_plan(local_ranks, "nccl")
     except Unsupported as e:
-        from gpucoll.bench.cli import UsageError
-
         raise UsageError(str(e)) from None
     for key, value in env.items():
         if os.environ.get(key) != value:

@@ -19,6 +19,13 @@ import os
 import queue
 import time
 
+from gpucoll._native import _C
+from gpucoll._spawn import free_port
+from gpucoll.backends.usable import MULTI_RANK_ENV
+from gpucoll.bench import colls, harness
+from gpucoll.bench.harness import sizes
+from gpucoll.bench.usage import UsageError, resolve_backend
+
 PEERS = ("gloo", "torch", "nccl")
 GLOO_COLLS = ("all_reduce", "broadcast", "reduce", "all_gather")
 TORCH_NCCL_COLLS = (*GLOO_COLLS, "reduce_scatter", "all_to_all")
@@ -44,8 +51,6 @@ def unavailable(peer: str, coll: str, backend: str, nranks: int = 1) -> str | No
         if backend != "custom":
             return (f"--compare nccl compares gpucoll's own kernels (--backend custom) with NCCL at the same ranks; "
                     f"with --backend {backend} use " + ("--compare torch" if backend == "nccl" else "--compare gloo"))
-        from gpucoll.bench.cli import UsageError, resolve_backend
-
         try:
             resolve_backend("nccl")
         except UsageError as e:
@@ -82,8 +87,6 @@ def _torch_shares_gpus_problem(nranks: int) -> str | None:
     """Ranks outnumbering GPUs share them through NCCL's multi-rank mode, which the NCCL torch loads (its own
     pinned wheel, maybe older than the one gpucoll loads) must have: else every rank fails its first collective
     with "Duplicate GPU detected"."""
-    from gpucoll import _C
-
     gpus = int(_C.cuda_probe().get("device_count") or 0)
     if nranks <= gpus:
         return None
@@ -110,9 +113,6 @@ def measure(peer: str, p, nranks: int) -> dict:
 
 def plan(p, nranks: int) -> list[tuple]:
     """(type, redop, nbytes, send elements, recv elements) for every row gpucoll will print (first algo)."""
-    from gpucoll.bench import colls
-    from gpucoll.bench.harness import sizes
-
     coll = colls.get(p.coll)
     out = []
     for name in p.dtypes:
@@ -181,8 +181,6 @@ def run_local_ranks(target, nranks: int, args: tuple, timeout: float, what: str)
     port; each puts (rank, value, error) on `results`. Returns {rank: value}; the first error is raised."""
     import torch.multiprocessing as tmp
 
-    from gpucoll._spawn import free_port
-
     ctx = tmp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -223,12 +221,8 @@ def run_torch(p, nranks: int, backend: str) -> dict:
     """{(type, redop, nbytes): seconds} measured with torch.distributed (`backend`: gloo or nccl) on `nranks`
     spawned processes."""
     env = {}
-    if backend == "nccl":
-        from gpucoll import _C
-        from gpucoll._nccl_backend import MULTI_RANK_ENV
-
-        if nranks > int(_C.cuda_probe().get("device_count") or 0):
-            env[MULTI_RANK_ENV] = "1"  # torch's NCCL must allow ranks to share a GPU (NCCL >= 2.30)
+    if backend == "nccl" and nranks > int(_C.cuda_probe().get("device_count") or 0):
+        env[MULTI_RANK_ENV] = "1"  # torch's NCCL must allow ranks to share a GPU (NCCL >= 2.30)
     rows = plan(p, nranks)
     # -T bounds one collective; the ranks report once, after every row (a rank that dies is noticed at once).
     got = run_local_ranks(_torch_rank, nranks, (backend, env, p.coll, p.root, rows, p.warmup_iters, p.iters),
@@ -240,8 +234,6 @@ def run_torch(p, nranks: int, backend: str) -> dict:
 def run_gpucoll_nccl(p, nranks: int) -> dict:
     """{(type, redop, nbytes): seconds}: gpucoll-bench's own out-of-place times on the nccl backend, no check."""
     import copy
-
-    from gpucoll.bench import harness
 
     q = copy.deepcopy(p)
     q.backend, q.backend_label, q.compare, q.peer_times = "nccl", "nccl", None, {}

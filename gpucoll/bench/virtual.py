@@ -20,6 +20,9 @@ import threading
 
 import numpy as np
 
+from gpucoll import testing
+from gpucoll._native import _C
+from gpucoll.bench import devmem
 from gpucoll.errors import InvalidArgument, RemoteError, Unsupported
 
 SUPPORTED = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
@@ -28,25 +31,16 @@ _HOST_OPS = {"sum": np.add.reduce, "min": np.minimum.reduce, "max": np.maximum.r
 
 def _factory():
     """gpucoll.testing.virtual_ranks, or None when this gpucoll has no virtual ranks."""
-    try:
-        from gpucoll import testing
-    except ImportError:
-        return None
     return getattr(testing, "virtual_ranks", None)
 
 
 def runs(coll: str) -> bool:
     """Whether virtual ranks run `coll` (gpucoll.testing.VirtualRanks has a method of that name)."""
-    from gpucoll import testing
-
     return coll in SUPPORTED and hasattr(getattr(testing, "VirtualRanks", object), coll)
 
 
 def problem(coll: str | None = None) -> str | None:
     """Why --backend custom cannot run here (one sentence that says what to use instead), or None."""
-    from gpucoll import _C
-    from gpucoll.bench import devmem
-
     probe = _C.cuda_probe()
     if not probe.get("device_count"):
         return (f"--backend custom needs a CUDA GPU and this machine has none ({probe.get('reason') or 'no device'});"
@@ -65,8 +59,6 @@ def kernel_problem(dtype: str, op: str | None) -> str | None:
     """Why gpucoll's own allreduce kernels have no kernel for gpucoll dtype `dtype` with `op` (None: any op), or
     None. Asked of the custom backend's eligibility rules (csrc/backends/custom/eligibility.cc) rather than a
     copy of their lists: a row the kernels refuse fails every virtual rank's run."""
-    from gpucoll import _C
-
     why = _C.custom_eligibility(1, ["localhost"], [1], getattr(_C.DType, dtype), getattr(_C.RedOp, op or "sum"),
                                 False, 64, 0, 0)
     return None if why["ok"] else why["reason"]
@@ -75,8 +67,6 @@ def kernel_problem(dtype: str, op: str | None) -> str | None:
 def algo_problem(algo: str) -> str | None:
     """Why gpucoll's own kernels have no algorithm `algo` (the host schedules have more: halving_doubling,
     hierarchical, direct), or None."""
-    from gpucoll import _C
-
     if algo == "auto":
         return None
     try:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from gpucoll import errors
+from gpucoll import _log, config, errors
 from gpucoll.bootstrap import _wire as w
 from gpucoll.bootstrap._server import Limits, Server, host_identity
 from gpucoll.bootstrap._wire import (
@@ -63,8 +63,6 @@ HOW_TO_SET_SECRET = ("set GPUCOLL_STORE_SECRET to the same random value on every
 def _warn(message: str) -> None:
     # Logging must never take the server thread down (e.g. gpucoll._C unavailable during a rebuild).
     try:
-        from gpucoll import _log
-
         _log.warn(message)
     except Exception:  # noqa: BLE001 - a warning must never raise
         sys.stderr.write(f"[gpucoll] WARN  {message}\n")
@@ -81,11 +79,8 @@ def new_secret() -> str:
 
 def solo_secret(world_size: int, secret=None):
     """`secret`; for a one-rank job with none given or configured, a fresh one (nobody else is to connect)."""
-    if secret is None and world_size == 1:
-        from gpucoll import config
-
-        if not config.is_set("GPUCOLL_STORE_SECRET"):
-            return new_secret()
+    if secret is None and world_size == 1 and not config.is_set("GPUCOLL_STORE_SECRET"):
+        return new_secret()
     return secret
 
 
@@ -94,8 +89,6 @@ def job_secret(secret=None) -> bytes:
     to set one when there is none or it is too short to resist guessing."""
     source = "secret="
     if secret is None:
-        from gpucoll import config
-
         secret, source = config.get("GPUCOLL_STORE_SECRET"), "GPUCOLL_STORE_SECRET"
     if isinstance(secret, str):
         secret = secret.encode("utf-8")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch._C._distributed_c10d as c10d
 
+from gpucoll.backends.work import premul_sum
 from gpucoll.errors import InvalidArgument, Unsupported
 from gpucoll.torch._call import _op_name, _premul_factor
 from gpucoll.torch.work import Work
@@ -69,8 +70,6 @@ class ReduceMixin:
         """The gpucoll op for a call (premul_sum runs natively on every backend gpucoll gives torch)."""
         if gop != "premul_sum":
             return gop
-        from gpucoll import premul_sum
-
         return premul_sum(float(factor))
 
     # -- all_reduce -----------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from gpucoll.communicator import Communicator, init
 from gpucoll.errors import InvalidArgument
 from gpucoll.torch._worker import Worker
 
@@ -36,8 +37,6 @@ _LOCK = threading.Lock()
 
 def _communicator(state, tensor: torch.Tensor):
     """(Communicator, Worker or None) for a hook's state and bucket."""
-    from gpucoll.communicator import Communicator
-
     if isinstance(state, Communicator):
         return state, None
     if state is not None and not isinstance(state, dist.ProcessGroup):
@@ -53,12 +52,10 @@ def _communicator(state, tensor: torch.Tensor):
         with _LOCK:
             _, comm, worker = _BUILT.get(key, (None, None, None))
             if comm is None or comm.closed:
-                import gpucoll
-
                 if device.type == "cuda":
-                    comm = gpucoll.init(from_torch=group, backend="auto", device=device.index)
+                    comm = init(from_torch=group, backend="auto", device=device.index)
                 else:
-                    comm = gpucoll.init(from_torch=group, backend="host")
+                    comm = init(from_torch=group, backend="host")
                 worker = Worker(f"gpucoll-ddp-hook-r{comm.rank}") if device.type == "cpu" else None
                 _BUILT[key] = (group, comm, worker)
     return comm, worker

@@ -36,6 +36,7 @@ import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 from gpucoll import _log
+from gpucoll.communicator import init_from_store
 from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
 from gpucoll.torch._alltoall import AllToAllMixin
 from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds
@@ -171,8 +172,6 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
             if comm is None:
                 if self._closed:
                     raise InvalidUsage("this gpucoll process group was shut down (destroy_process_group)")
-                from gpucoll.communicator import init_from_store
-
                 store = dist.PrefixStore(f"gpucoll/{key}/", self._store)
                 comm = init_from_store(store, self.rank(), self.size(), timeout=self._timeout, device=index,
                                        backend="auto" if index is not None else "host")

@@ -43,7 +43,7 @@ def torch_cuda_problem() -> str | None:
 
 def nccl_problem() -> str | None:
     """Why NCCL cannot run here (the custom backend's fallback, the nccl backend), or None."""
-    from gpucoll import _nccl_backend
+    from gpucoll.backends import nccl as _nccl_backend
 
     found = _nccl_backend.problems()
     return "; ".join(found) if found else None

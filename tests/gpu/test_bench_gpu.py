@@ -61,7 +61,7 @@ def assert_clean(res, nrows: int | None = None):
 
 
 def two_ranks_reason() -> str | None:
-    from gpucoll._nccl_backend import spawn_plan
+    from gpucoll.backends.nccl import spawn_plan
     from gpucoll.errors import Unsupported
 
     try:

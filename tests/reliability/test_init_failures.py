@@ -1,7 +1,7 @@
 """Ranks killed during init: named fast by every survivor, and nothing left behind whatever the kill timing.
 
 * Stage sweep: a victim (rank 0, which serves the store, or the last rank) SIGKILLs itself at each step of the
-  host backend's set-up (gpucoll._backends._STAGE_HOOK, a seam for tests only) - after registering with the store,
+  host backend's set-up (gpucoll.backends.host._STAGE_HOOK, a seam for tests only) - after registering with the store,
   after publishing its host name, after creating the region (rank 0), after attaching, after init returned.
   Every survivor must raise an error naming it well within the timeout (30 s here): the store names a registered
   rank whose connection closed and whose process is gone; the region's step counters name one that died after.
@@ -33,7 +33,7 @@ STAGES = ("build", "registered", "met", "created", "attached", "ready")
 def _worker(rank, port, secret, victim, stage, killed_at, stamps, results, timeout):
     import numpy as np
 
-    from gpucoll import _backends
+    from gpucoll.backends import host as _backends
 
     def hook(name):
         stamps[rank * len(STAGES) + STAGES.index(name)] = time.monotonic()

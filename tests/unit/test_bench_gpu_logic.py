@@ -204,7 +204,8 @@ def test_runnable_rule():
 
 # -- ranks sharing GPUs under a launcher -------------------------------------------------------------------------------
 def test_launcher_ranks_beyond_the_gpus_share_them(monkeypatch):
-    from gpucoll import _C, _nccl_backend
+    from gpucoll import _C
+    from gpucoll.backends import nccl as _nccl_backend
     from gpucoll.errors import Unsupported
 
     monkeypatch.setattr(_C, "cuda_probe", lambda: {"device_count": 1})

@@ -11,9 +11,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from gpucoll import _C, _custom_backend
+from gpucoll import _C
 from gpucoll import topology as T
-from gpucoll._select import Availability, Selector
+from gpucoll.backends import custom as _custom_backend
+from gpucoll.backends.select import Availability, Selector
 from gpucoll.communicator import Communicator
 from gpucoll.errors import InvalidArgument
 

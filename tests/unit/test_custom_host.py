@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 import gpucoll
-from gpucoll import _C, _custom_backend
+from gpucoll import _C
+from gpucoll.backends import custom as _custom_backend
 from gpucoll.errors import InvalidArgument, Unsupported
 
 KiB, MiB = 1 << 10, 1 << 20

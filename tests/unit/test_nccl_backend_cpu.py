@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 import gpucoll
-from gpucoll import _C, _buffers, _cuda_buffers, _nccl_backend
+from gpucoll import _C, _buffers, _cuda_buffers
 from gpucoll._spawn import free_port
+from gpucoll.backends import nccl as _nccl_backend
 from gpucoll.errors import CollectiveTimeout, CudaError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
 HAVE_GPU = int(_C.cuda_probe()["device_count"]) > 0

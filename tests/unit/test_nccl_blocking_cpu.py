@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from gpucoll import _nccl_backend
+from gpucoll.backends import nccl as _nccl_backend
 from gpucoll.bootstrap.store import TCPStore
 from gpucoll.errors import CollectiveTimeout, Unsupported
 

@@ -9,9 +9,10 @@ import threading
 import pytest
 from test_store import run_threads  # tests/unit is on sys.path (pytest prepends it)
 
-from gpucoll import _C, _select
+from gpucoll import _C
 from gpucoll import topology as T
-from gpucoll._select import Availability, Selector
+from gpucoll.backends import select as _select
+from gpucoll.backends.select import Availability, Selector
 from gpucoll.errors import InvalidArgument, Unsupported
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "topo"

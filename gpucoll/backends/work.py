@@ -1,5 +1,6 @@
-"""What the NCCL backend hands its callers: ``premul_sum`` ops and ``Work`` handles (split from ``_nccl_backend``,
-which re-exports them; the backend object, the watchdog and bootstrap live there)."""
+"""What backends hand their callers: ``Work`` handles of ``async_op=True`` calls (the nccl backend's, and
+``CompletedWork`` for a call that finished before it returned) and ``premul_sum`` ops (gpucoll.Work and
+gpucoll.premul_sum)."""
 
 from __future__ import annotations
 

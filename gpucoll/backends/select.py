@@ -16,11 +16,12 @@ import math
 import socket
 import threading
 
-from gpucoll import _log
+from gpucoll import _log, config, topology
+from gpucoll._native import _C
+from gpucoll.backends.usable import CUSTOM_ALGORITHMS, custom_problems, nccl_problems
 from gpucoll.errors import InvalidArgument, Unsupported
 
-# Issue 5's kernels: all_reduce only. A custom backend that does more lists it in its ALGORITHMS.
-_CUSTOM_DEFAULT = ("all_reduce:oneshot", "all_reduce:twoshot", "all_reduce:ring", "all_reduce:tree")
+_CUSTOM_DEFAULT = CUSTOM_ALGORITHMS  # what the custom backend's kernels implement (usable.py)
 _CUDA_HOST_WHY = "the host backend takes CPU buffers only (CUDA buffers are not staged through host memory)"
 
 
@@ -75,8 +76,8 @@ class Availability:
 
 def probe_availability(nccl=None, custom=None, custom_algorithms=None) -> Availability:
     """This process's backends. `nccl`/`custom`: True/False to state them, or a string saying why not; None
-    probes (NCCL: built with CUDA, a usable GPU, libnccl loads; custom: the module gpucoll._custom_backend and
-    its ``problems()``, as the NCCL backend reports them)."""
+    probes (NCCL: built with CUDA, a usable GPU, libnccl loads; custom: built with its kernels, a usable GPU), with
+    the checks of usable.py."""
     nccl_ok, nccl_why = _probe_nccl() if nccl is None else _stated(nccl)
     custom_ok, custom_why, algos = _probe_custom() if custom is None else (*_stated(custom), ())
     if custom_algorithms is not None:
@@ -92,28 +93,17 @@ def _stated(value):
 
 
 def _probe_nccl():
-    from gpucoll import _nccl_backend
-
-    found = _nccl_backend.problems()
+    found = nccl_problems()
     return (not found), "; ".join(found)
 
 
 def custom_algorithms() -> tuple:
-    """What this build's custom backend implements (its ALGORITHMS, else issue 5's all_reduce kernels)."""
-    try:
-        from gpucoll import _custom_backend
-    except ImportError:
-        return _CUSTOM_DEFAULT
-    return tuple(getattr(_custom_backend, "ALGORITHMS", _CUSTOM_DEFAULT))
+    """What this build's custom backend implements."""
+    return tuple(_CUSTOM_DEFAULT)
 
 
 def _probe_custom():
-    try:
-        from gpucoll import _custom_backend
-    except ImportError as e:
-        return False, f"the custom backend is not part of this build ({e})", ()
-    problems = getattr(_custom_backend, "problems", None)
-    found = list(problems()) if problems is not None else []
+    found = list(custom_problems())
     return (not found), "; ".join(found), custom_algorithms()
 
 
@@ -209,8 +199,6 @@ class Selector:
 
     # -- the two paths --------------------------------------------------------------------------------------------
     def _host(self, coll: str, nbytes: int, dtype: str, algo: str, backend: str) -> Choice:
-        from gpucoll import _C
-
         if backend not in ("auto", "host"):
             raise InvalidArgument(f"CPU buffers run on the host backend; backend={backend!r} takes CUDA buffers")
         if not self.avail.host:
@@ -224,8 +212,6 @@ class Selector:
                       f"CPU buffers: host backend, {how} schedule", "", "SHM")
 
     def _cuda(self, coll: str, nbytes: int, dtype: str, algo: str, backend: str) -> Choice:
-        from gpucoll import _C
-
         a = self.avail
         only = {"custom": backend in ("auto", "custom"), "nccl": backend in ("auto", "nccl")}
         why = {"host": _CUDA_HOST_WHY}
@@ -269,8 +255,6 @@ class Selector:
 
 
 def _coll_name(coll) -> str:
-    from gpucoll import _C
-
     names = _C.coll_names()
     if isinstance(coll, int) and not isinstance(coll, bool) and 0 <= coll < len(names):
         return names[coll]
@@ -281,8 +265,6 @@ def _coll_name(coll) -> str:
 
 def _algo_env(coll: str) -> str:
     """What GPUCOLL_ALGO names for `coll` ("" for nothing), parsed by the C++ selector, its one reader."""
-    from gpucoll import _C
-
     return _C.topo_algo_override(coll)
 
 
@@ -295,8 +277,6 @@ def build(store, rank: int, world_size: int, *, device=None, local_size: int = 0
     pairs this rank's real-copy probe saw fail; every rank's list is applied. `local_topology` replaces
     detection (tests). GPUCOLL_TOPO_FILE and GPUCOLL_TOPO_DUMP_FILE apply as in :func:`gpucoll.topology.detect`;
     with several hosts rank 0 then rewrites the dump file with the merged, multi-host view."""
-    from gpucoll import _C, config, topology
-
     avail = avail if avail is not None else probe_availability()
     local = local_topology if local_topology is not None else topology.detect()
     bus_id = ""

@@ -23,60 +23,38 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from gpucoll import _cuda_buffers, _log
+from gpucoll import _cuda_buffers, _log, config
+from gpucoll._native import _C
+from gpucoll.backends import nccl, select
+from gpucoll.backends.base import BLOCKED
+from gpucoll.backends.usable import CUSTOM_ALGORITHMS as ALGORITHMS
+from gpucoll.backends.usable import MULTI_RANK_ENV, pick_device
+from gpucoll.backends.usable import check_custom_usable as check_usable
+from gpucoll.backends.usable import custom_problems as problems
+from gpucoll.backends.usable import custom_takes_auto as takes_auto
+from gpucoll.backends.work import PreMulSum
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
+
+# This module's own names for its checks, which live in usable.py (below every backend); tests and tools use them.
+__all__ = ["ALGORITHMS", "Custom", "CustomBackend", "CustomWork", "check_usable", "half_bytes", "init_backend",
+           "problems", "resolve_algo", "spawn_plan", "takes_auto"]
 
 _ALL_REDUCE = 0
 _COLL_NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 
 
-# What the kernels implement, in the selector's "collective:algorithm" terms (gpucoll/_select.py).
-ALGORITHMS = ("all_reduce:oneshot", "all_reduce:twoshot", "all_reduce:ring", "all_reduce:tree")
-
-
-def problems(build=None, probe=None) -> list:
-    """Why ``backend='custom'`` cannot run in this process ([] when it can); the arguments default to this
-    process's state, tests pass fakes."""
-    from gpucoll import _C, _nccl_backend
-
-    return _nccl_backend.gpu_problems("the custom backend (gpucoll's own CUDA kernels)",
-                                      _C.CUSTOM_BACKEND_UNBUILT_REASON, build, probe)
-
-
-def takes_auto(world_size: int) -> bool:
-    """Whether backend='auto' on a GPU becomes this backend (our kernels with NCCL behind them, chosen per call by
-    the topology model) rather than NCCL alone: kernels built, 2 to CUSTOM_MAX_RANKS ranks and at least as many
-    visible GPUs. Processes sharing a GPU stay on NCCL: our spinning kernels progress there only as the GPU
-    time-slices between processes (a correctness mode, asked for with backend='custom')."""
-    from gpucoll import _C
-
-    if not 2 <= world_size <= _C.CUSTOM_MAX_RANKS or problems():
-        return False
-    return int(_C.cuda_probe().get("device_count") or 0) >= world_size
-
-
-def check_usable(what: str = "backend='custom'") -> None:
-    found = problems()
-    if found:
-        raise Unsupported(f"{what} cannot run here:\n  - " + "\n  - ".join(found))
-
-
 def spawn_plan(nranks: int, env=None):
     """(backend, extra worker environment) for ``gpucoll.spawn(backend='custom')``: ranks beyond the GPU count
     share GPUs, and NCCL (the fallback) is told it may do the same."""
-    from gpucoll import _C, _nccl_backend
-
     check_usable(f"gpucoll.spawn(backend='custom', nranks={nranks})")
     count = int(_C.cuda_probe()["device_count"])
     extra = {}
     if nranks > count:
-        extra[_nccl_backend.MULTI_RANK_ENV] = "1"
+        extra[MULTI_RANK_ENV] = "1"
     return "custom", extra
 
 
 def half_bytes() -> int:
-    from gpucoll import config
-
     size = int(config.get_bytes("GPUCOLL_CUSTOM_BUFFER_BYTES"))
     if size < 4096:
         raise InvalidArgument(f"GPUCOLL_CUSTOM_BUFFER_BYTES must be at least 4K; got {size}")
@@ -84,8 +62,6 @@ def half_bytes() -> int:
 
 
 def resolve_algo(algo, nbytes: int, nranks: int) -> str:
-    from gpucoll import _C
-
     if algo is None or algo == "auto":
         return _C.custom_choose_algo(nbytes, nranks)
     if not isinstance(algo, str):
@@ -123,8 +99,6 @@ class CustomBackend:
     """The Communicator's implementation object for backend='custom'."""
 
     def __init__(self, native, *, rank, world_size, device, store, prefix, timeout, hosts, p2p, nccl, nccl_why):
-        from gpucoll import _C
-
         self._native = native
         self.rank, self.world_size, self.device = rank, world_size, device
         self._store, self._prefix, self._timeout = store, prefix, float(timeout)
@@ -170,9 +144,6 @@ class CustomBackend:
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def _decline(self, coll: int, src, dst, count: int, redop) -> str:
-        from gpucoll import _C
-        from gpucoll._nccl_backend import PreMulSum
-
         if coll != _ALL_REDUCE:
             return f"{_COLL_NAMES[coll]} has no custom kernel (they do all_reduce)"
         premul = type(redop) is PreMulSum
@@ -201,8 +172,6 @@ class CustomBackend:
         self.stats["custom"] += 1
         if not async_op:
             return None
-        from gpucoll import _C
-
         event = _C.CudaEvent(self.device)
         event.record(s)
         return CustomWork(self, event, src.kind)
@@ -223,12 +192,10 @@ class CustomBackend:
             raise InvalidUsage("the custom backend is closed")
         return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
 
-    # -- what the selector needs (gpucoll/_select.py) -------------------------------------------------------------
+    # -- what the selector needs (select.py) ----------------------------------------------------------------------
     def availability(self):
         """This rank's backends for the selector: our kernels (all_reduce ones), and NCCL when it was set up."""
-        from gpucoll import _select
-
-        return _select.probe_availability(nccl=True if self._nccl is not None else self._nccl_why, custom=True,
+        return select.probe_availability(nccl=True if self._nccl is not None else self._nccl_why, custom=True,
                                           custom_algorithms=ALGORITHMS)
 
     def p2p_failed_pairs(self) -> list:
@@ -325,17 +292,62 @@ class CustomBackend:
             self._nccl.close()
 
 
+class Custom(nccl.Nccl):
+    """backend='custom' as the Communicator sees it: each collective goes to our kernels or to NCCL, as the
+    topology-aware selector (select.py, built at set-up) or ``algo=`` decides; the impl is CustomBackend. Like the
+    nccl backend (whose buffer rule, send/recv, groups and barrier it keeps) it takes CUDA buffers."""
+
+    name = "custom"
+
+    def check_buffer(self, buf, arg: str) -> None:  # (as Nccl's, kept here: one file fewer on every call's path)
+        self.impl.check_buffer(buf, arg)
+
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device):
+        impl = init_backend(launch, store, timeout, device)
+        try:
+            selector = select.build(store, launch.rank, launch.world_size, device=impl.device, local_size=local_size,
+                                    avail=impl.availability(), p2p_failed=impl.p2p_failed_pairs(), timeout=timeout)
+        except BaseException:
+            impl.close()
+            raise
+        return impl, selector
+
+    def _modelled(self) -> bool:
+        """Whether the selector decides: 'custom' asked where the GPU topology is unknown (no NVML) leaves each call
+        to the backend's own size rule."""
+        sel = self.selector
+        return sel is not None and (sel.gpus is not None or self.chosen)
+
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        if not self._modelled():
+            algo = algo[7:] if isinstance(algo, str) and algo.startswith("custom:") else algo
+            return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
+        nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
+        choice = self.selector.choose(coll, nbytes, src.dtype_name, algo, backend="auto" if self.chosen else "custom")
+        if choice.backend == "custom":
+            return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=choice.algorithm)
+        return self.impl.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        if not self._modelled():
+            return "custom"
+        choice = self.selector.choose(coll, nbytes, dtype, algo, backend="auto" if self.chosen else "custom")
+        return f"custom:{choice.algorithm}" if choice.backend == "custom" else "nccl"
+
+    def registrar(self, what: str):
+        return self.impl
+
+
 def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     """This rank's custom communicator: allocate, exchange IPC handles and SM counts through `store`, map the
     peers, prove P2P with a real copy, agree on the P2P matrix, and set up the NCCL fallback."""
-    from gpucoll import _C, _nccl_backend, config
-
     check_usable()
     P, rank = launch.world_size, launch.rank
     if P > _C.CUSTOM_MAX_RANKS:
         raise Unsupported(f"backend='custom' serves at most {_C.CUSTOM_MAX_RANKS} ranks; got world_size {P}")
     probe = _C.cuda_probe()
-    dev = _nccl_backend.pick_device(launch.local_rank, device, int(probe["device_count"]), True)
+    dev = pick_device(launch.local_rank, device, int(probe["device_count"]), True)
     generation = (store.add("gpucoll/custom/count", 1) - 1) // P
     prefix = f"gpucoll/custom/{generation}/"
     native = _C.CustomComm(rank, P, dev, half_bytes(), float(timeout))
@@ -358,16 +370,16 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
         p2p = []
         for r in range(P):
             p2p += list(store.get_json(f"{prefix}p2p/{r}", timeout=timeout))
-        nccl, why = None, "GPUCOLL_CUSTOM_NCCL_FALLBACK=0"
+        fallback, why = None, "GPUCOLL_CUSTOM_NCCL_FALLBACK=0"
         if config.get_bool("GPUCOLL_CUSTOM_NCCL_FALLBACK"):
-            found = _nccl_backend.problems()
+            found = nccl.problems()
             if found:
                 why = "; ".join(found)
             else:
-                nccl = _nccl_backend.init_backend(launch, store, timeout, dev)
+                fallback = nccl.init_backend(launch, store, timeout, dev)
     except BaseException:
         native.close()
         raise
     _log.debug(f"custom communicator: rank {rank}/{P} on cuda:{dev}, {native.sms} SMs, P2P row {row}")
     return CustomBackend(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
-                         hosts=hosts, p2p=p2p, nccl=nccl, nccl_why=why)
+                         hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why)

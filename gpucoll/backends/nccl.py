@@ -1,5 +1,6 @@
-"""The NCCL backend, Python side: whether it can run here (and why not), which GPU a rank uses, bootstrap through
-the rendezvous store, the Communicator's implementation object, ``Work`` handles, ``premul_sum`` and the watchdog.
+"""The nccl backend: NCCL runs every call. Here: its Backend (``Nccl``), its implementation object (``NcclBackend``:
+streams, async Work, the watchdog), bootstrap through the rendezvous store, and the plan for ranks sharing GPUs.
+Whether it can run here, and which GPU a rank uses, is checked in usable.py (named here too).
 
 The C++ side (``csrc/backends/nccl_cuda/nccl_comm.*``, bound as ``gpucoll._C.NcclComm``) enqueues the NCCL calls and
 records a CUDA event after each; this module decides streams, keeps async operations' buffers alive, and runs one
@@ -24,140 +25,40 @@ import threading
 import time
 import weakref
 
-from gpucoll import _cuda_buffers, _log
+from gpucoll import _cuda_buffers, _log, _nccl, config
 from gpucoll._call_check import StoreCallCheck
-from gpucoll._nccl_work import CompletedWork, PreMulSum, Work, premul_sum  # noqa: F401 - re-exported (split out)
+from gpucoll._native import _C
+from gpucoll.backends.base import Backend
+from gpucoll.backends.usable import (
+    MULTI_RANK_ENV,
+    auto_selects_nccl,
+    device_map,
+    gpu_problems,
+    multi_rank_enabled,
+    pick_device,
+    resolve,
+)
+from gpucoll.backends.usable import check_nccl_usable as check_usable
+from gpucoll.backends.usable import nccl_problems as problems
+from gpucoll.backends.work import CompletedWork, PreMulSum, Work, premul_sum
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
-MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
+# This module's own names for the checks it shares with the custom backend (tests and tools use them from here).
+__all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum", "Work", "auto_selects_nccl",
+           "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
+           "premul_sum", "problems", "spawn_plan"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
 _FRAMEWORK_KINDS = ("torch", "cupy")  # buffers ordered by the caller's current stream, with no producer stream
 
 
-# -- can the backend run here? --------------------------------------------------------------------------------------
-
-def problems(build=None, probe=None, nccl=None) -> list:
-    """Why ``backend='nccl'`` cannot run in this process, one sentence each saying how to fix it; [] when it can.
-
-    The arguments default to this process's state (``_C.build_info()``, ``_C.cuda_probe()``, ``_nccl.load()``);
-    tests pass fakes. NCCL is looked for even when there is no GPU, so that every missing piece is named at once.
-    """
-    from gpucoll import _C, _nccl
-
-    probe = dict(_C.cuda_probe()) if probe is None else probe
-    out = gpu_problems("the nccl backend", _C.NCCL_BACKEND_UNBUILT_REASON, build, probe)
-    nccl = _nccl.load() if nccl is None else nccl
-    if not nccl.get("loaded"):
-        out.append(f"NCCL is not available: {nccl.get('reason') or 'not loaded'}. Install it: "
-                   f"{_nccl.install_hint(probe.get('driver_version'))}")
-    return out
-
-
-def gpu_problems(backend: str, unbuilt_reason: str, build=None, probe=None) -> list:
-    """What keeps a GPU backend (`backend`, e.g. "the nccl backend") from running here, before its own needs: a
-    build without CUDA, no usable GPU, a CUDA runtime the driver cannot serve. One sentence each, saying the fix."""
-    from gpucoll import _C
-
-    build = dict(_C.build_info()) if build is None else build
-    probe = dict(_C.cuda_probe()) if probe is None else probe
-    out = []
-    if not build.get("cuda_built"):
-        out.append(unbuilt_reason)
-    if not probe.get("device_count"):
-        why = probe.get("reason") or "the CUDA driver reports no device"
-        out.append(f"no usable CUDA GPU: {why}. {backend[0].upper()}{backend[1:]} needs an NVIDIA GPU with its "
-                   f"driver (check nvidia-smi and CUDA_VISIBLE_DEVICES); use backend='host' for CPU arrays")
-    elif build.get("cuda_built") and probe.get("runtime_device_count") == 0:
-        out.append(f"the CUDA runtime gpucoll was built with cannot use the GPU: {probe.get('runtime_reason')} "
-                   f"(update the driver, or rebuild gpucoll with the CUDA toolkit matching it)")
-    return out
-
-
-def check_usable() -> None:
-    """Unsupported listing everything that keeps ``backend='nccl'`` from running here."""
-    found = problems()
-    if found:
-        raise Unsupported("backend='nccl' cannot run here:\n  - " + "\n  - ".join(found))
-
-
-def auto_selects_nccl() -> bool:
-    """``backend='auto'``: NCCL when a usable GPU exists and NCCL loads (the GPU is checked first, so a machine
-    without one never loads NCCL)."""
-    from gpucoll import _C, _nccl
-
-    if not _C.build_info()["cuda_built"]:
-        return False
-    probe = _C.cuda_probe()
-    if not probe["device_count"] or probe["runtime_device_count"] == 0:
-        return False
-    return bool(_nccl.load()["loaded"])
-
-
-# -- which GPU ------------------------------------------------------------------------------------------------------
-
-def multi_rank_enabled(version: int, env=None) -> bool:
-    """Whether ranks may share a GPU: NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL's own switch)."""
-    from gpucoll import _C
-
-    env = os.environ if env is None else env
-    return env.get(MULTI_RANK_ENV, "").strip() == "1" and _C.nccl_multi_rank_gpu_supported(int(version))
-
-
-def _parse_device(device) -> int:
-    if isinstance(device, bool):
-        raise InvalidArgument(f"device must be a CUDA device index, 'cuda:N' or a torch.device; got {device!r}")
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        text = device.strip().lower().removeprefix("cuda:")
-        if text.isdigit():
-            return int(text)
-    elif getattr(device, "type", None) == "cuda" and getattr(device, "index", None) is not None:
-        return int(device.index)  # torch.device('cuda:N')
-    raise InvalidArgument(f"device must be a CUDA device index, 'cuda:N' or a torch.device; got {device!r}")
-
-
-def pick_device(local_rank: int, device, device_count: int, shared_ok: bool) -> int:
-    """The GPU of a rank: `device` when given, else the local rank's own GPU, else (when ranks may share GPUs)
-    local_rank % device_count."""
-    if device is not None:
-        d = _parse_device(device)
-        if not 0 <= d < device_count:
-            raise InvalidArgument(f"device={device!r} is not a visible GPU: {device_count} visible (0.."
-                                  f"{device_count - 1}); check CUDA_VISIBLE_DEVICES")
-        return d
-    if device_count < 1:
-        raise InvalidArgument("no CUDA GPU is visible to pick a device from")
-    if local_rank < device_count:
-        return local_rank
-    if shared_ok:
-        return local_rank % device_count
-    raise InvalidArgument(f"local rank {local_rank} has no GPU of its own: {device_count} visible. Start at most "
-                          f"{device_count} ranks per node, pass device=, or let ranks share GPUs (NCCL >= 2.30 with "
-                          f"{MULTI_RANK_ENV}=1)")
-
-
-def device_map(local_world_size: int, device_count: int, shared_ok: bool) -> list:
-    """[(local_rank, device or None)] as init() would assign them (None: that local rank would get an error)."""
-    out = []
-    for lr in range(max(local_world_size, 0)):
-        try:
-            out.append((lr, pick_device(lr, None, device_count, shared_ok)))
-        except InvalidArgument:
-            out.append((lr, None))
-    return out
-
+# -- can the backend run here? (the checks live in usable.py, below every backend) ------------------------------
 
 def spawn_plan(nranks: int, backend: str, probe=None, nccl=None, build=None, env=None):
     """(backend, extra environment) for the workers of ``gpucoll.spawn``. Explicit 'nccl' raises Unsupported
     saying why the ranks cannot run (what is missing, or GPU count and NCCL version); 'auto' falls back to host."""
-    from gpucoll import _C
-
     env = os.environ if env is None else env
     if backend == "auto":
-        from gpucoll.communicator import _resolve_backend
-
-        if _resolve_backend("auto") != "nccl":
+        if resolve("auto") != "nccl":
             return "host", {}
         try:
             return spawn_plan(nranks, "nccl", probe, nccl, build, env)
@@ -170,8 +71,6 @@ def spawn_plan(nranks: int, backend: str, probe=None, nccl=None, build=None, env
     if found:
         raise Unsupported(f"gpucoll.spawn(backend='nccl', nranks={nranks}) cannot run here:\n  - "
                           + "\n  - ".join(found))
-    from gpucoll import _nccl
-
     probe = dict(_C.cuda_probe()) if probe is None else probe
     nccl = _nccl.load() if nccl is None else nccl
     count = int(probe["device_count"])
@@ -223,8 +122,6 @@ class NcclBackend:
     """The Communicator's implementation object for backend='nccl'."""
 
     def __init__(self, comm, *, rank: int, world_size: int, device: int, store, prefix: str, timeout: float):
-        from gpucoll import _C, config
-
         global _atexit_registered
         self._comm = comm
         self.rank = rank
@@ -291,8 +188,6 @@ class NcclBackend:
                 continue
             ready = _cuda_buffers.ready_stream(b)
             if ready is not None and ready != s:
-                from gpucoll import _C
-
                 _C.cuda_stream_wait(s, ready, self.device)
         return s
 
@@ -369,8 +264,6 @@ class NcclBackend:
         """Returns once every rank called barrier() and the GPU work issued before it on the legacy default stream
         is done (an all_reduce of one int32, then a host wait)."""
         self._raise_if_failed()
-        from gpucoll import _C
-
         if self._calls is not None:
             self._check_call(-1, 0, 0, False, -1, 0)
         try:
@@ -532,13 +425,48 @@ def _watchdog_main(ref, stop: threading.Event, interval: float) -> None:
             return
 
 
+class Nccl(Backend):
+    """backend='nccl' as the Communicator sees it: NCCL runs every call (its own algorithms); the impl is
+    NcclBackend."""
+
+    name = "nccl"
+    on_gpu = True
+
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device):
+        return init_backend(launch, store, timeout, device), None
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.impl.device}"
+
+    def check_buffer(self, buf, arg: str) -> None:
+        self.impl.check_buffer(buf, arg)
+
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        if algo not in (None, "auto", "nccl") and not (isinstance(algo, str) and algo.startswith("nccl:")):
+            raise InvalidArgument(f"algo={algo!r} cannot run on backend='nccl', which runs NCCL's own algorithms; "
+                                  f"gpucoll's run on backend='custom' or 'auto'")
+        return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op)
+
+    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
+        return self.impl.p2p(send, peer, buf, stream, async_op)
+
+    def group(self):
+        return self.impl.group()
+
+    def barrier(self) -> None:
+        self.impl.barrier()
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        return "nccl"
+
+
 # -- bootstrap ------------------------------------------------------------------------------------------------------
 
 def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
     """This rank's NCCL communicator: rank 0 makes the unique id and publishes it through `store`; every rank
     creates its communicator non-blocking, with `timeout` covering the init."""
-    from gpucoll import _C, _nccl, config
-
     check_usable()
     probe = _C.cuda_probe()
     nccl = _nccl.load()

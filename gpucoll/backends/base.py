@@ -1,0 +1,105 @@
+"""The Backend interface: what every backend (host.py, nccl.py, custom.py) gives the Communicator, written down once.
+
+The Communicator checks a call's arguments and resolves its buffers (gpucoll/_buffers.py); everything that depends
+on the backend happens behind this interface, and the Communicator names no backend. Each backend is two objects:
+
+* its implementation (``impl``): the backend's own communicator, built by every rank together over the rendezvous
+  store (``Backend.create``): ``gpucoll._C.HostComm`` (host), ``NcclBackend`` (nccl), ``CustomBackend`` (custom).
+  Tests and tools reach it as ``Communicator._impl``.
+* its Backend, a subclass of :class:`Backend` holding the impl, with the backend's rules: which buffers it takes,
+  how one call runs, what ``algo=`` may name, what an ``async_op=True`` call returns.
+
+Adding a backend is one file in this package with a Backend subclass, and one line in the registry (__init__.py).
+"""
+
+from __future__ import annotations
+
+import abc
+
+from gpucoll.errors import Unsupported
+
+# Collective ids: the numbering of gpucoll::algo::Coll.
+ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER = range(8)
+# Collectives whose buffer is world_size blocks of `count` elements: a call's size counts all of them.
+BLOCKED = (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER)
+
+
+class Backend(abc.ABC):
+    """One backend as the Communicator sees it. Subclasses set ``name`` and implement the abstract methods; the
+    others have defaults that fit a backend without the feature."""
+
+    name = ""  # what init(backend=...) calls it
+    on_gpu = False  # takes CUDA buffers and init(device=...)
+
+    def __init__(self, impl, *, rank: int, world_size: int, local_size: int = 0, selector=None,
+                 chosen: bool = False):
+        """`selector`: the per-call choice of backend and algorithm (select.py) where the backend has one;
+        `chosen`: backend='auto' picked this backend (its selector may then choose among every backend)."""
+        self.impl = impl
+        self.rank, self.world_size, self.local_size = rank, world_size, local_size
+        self.selector, self.chosen = selector, chosen
+
+    @classmethod
+    @abc.abstractmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device):
+        """(impl, selector or None): this rank's implementation, built by every rank together over `store`."""
+
+    # -- placement ------------------------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def device(self) -> str:
+        """Where this backend's buffers live: "cpu" or "cuda:N"."""
+
+    @abc.abstractmethod
+    def check_buffer(self, buf, arg: str) -> None:
+        """InvalidArgument or Unsupported, naming `arg`, unless this backend takes the resolved buffer `buf`."""
+
+    def check_out(self, src, dst) -> None:
+        """InvalidArgument unless an output `dst` may go with the input `src` (both already passed check_buffer)."""
+
+    # -- operations -----------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        """Run collective `coll` (`redop`: a gpucoll._C.RedOp, a PreMulSum, or None where the collective has no
+        op); returns a Work for async_op where the operation may still run, else None."""
+
+    @abc.abstractmethod
+    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
+        """Send `buf` to `peer`, or receive into it; returns like collective."""
+
+    @abc.abstractmethod
+    def group(self):
+        """A context manager: the operations issued inside it progress together when the outermost one exits."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Returns once every rank called barrier()."""
+
+    @abc.abstractmethod
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        """What a call of `coll` moving `nbytes` in all runs with `algo` (see Communicator.algorithm_for)."""
+
+    # -- buffer registration --------------------------------------------------------------------------------------
+    def registrar(self, what: str):
+        """The object whose register / register_graph_buffers / graph_capture serve `what`."""
+        raise Unsupported(f"{what} applies to backend='custom'; this communicator uses {self.name}")
+
+    # -- room to grow: new communicators from this one ------------------------------------------------------------
+    def split(self, color: int, key: int):
+        """A communicator of the ranks that pass the same `color`, ordered by `key` (ncclCommSplit)."""
+        raise Unsupported(f"split is not implemented by the {self.name} backend")
+
+    def shrink(self, exclude):
+        """A communicator of the ranks not in `exclude` (ncclCommShrink), e.g. after those ranks failed."""
+        raise Unsupported(f"shrink is not implemented by the {self.name} backend")
+
+    # -- teardown -------------------------------------------------------------------------------------------------
+    def abort(self, reason: str) -> None:
+        """Stop at once without waiting for issued operations, where the implementation can; close() follows."""
+        abort = getattr(self.impl, "abort", None)
+        if abort is not None:
+            abort(reason)
+
+    def close(self) -> None:
+        """Release the implementation's resources (called once)."""
+        self.impl.close()

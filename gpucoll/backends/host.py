@@ -1,0 +1,191 @@
+"""The host backend: ranks on one machine reduce CPU arrays through a shared-memory region, running gpucoll's
+schedules (csrc/backends/host/, bound as ``gpucoll._C.HostComm``) on the calling thread.
+
+Set-up (``Host.create``, every rank together): rank 0 creates the region and publishes its handle through the
+rendezvous store; the others attach to it. A call is checked here (CPU memory, no fp8, no stream), its schedule
+picked by the host cost model (``_C.select_algorithm``, or ``algo=``), and run; sends and receives inside
+``group()`` are queued and run together when the block exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+
+from gpucoll import _buffers
+from gpucoll._native import _C
+from gpucoll.backends.base import BLOCKED, Backend
+from gpucoll.bootstrap._server import pid_exited
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
+
+_KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",
+               "dlpack": "DLPack array"}
+_HOST_STREAM = "stream= applies to the nccl backend; the host backend runs each operation on the calling thread"
+
+
+class Host(Backend):
+    """backend='host' as the Communicator sees it; the impl is gpucoll._C.HostComm."""
+
+    name = "host"
+
+    def __init__(self, impl, **kw):
+        super().__init__(impl, **kw)
+        self._group = None  # sends and receives queued inside group(): [(send, peer, buf)]
+        self._group_depth = 0
+
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device):
+        return _init_host(launch, store, timeout), None
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def check_buffer(self, buf, arg: str) -> None:
+        """The host backend's placement rule: CPU memory, and no fp8 (it has no fp8 arithmetic)."""
+        if buf.device != "cpu":
+            what = _KIND_NAMES.get(buf.kind, f"{buf.kind} array")
+            where = "CUDA memory" if buf.device == "cuda" else f"CUDA memory ({buf.device})"
+            raise InvalidArgument(f"{arg} is a {what} in {where}, but this communicator uses the host backend, which "
+                                  f"works on CPU memory: create it with backend='nccl' for CUDA arrays, or copy {arg} "
+                                  f"to the host first")
+        if buf.dtype_name in _buffers.FP8:
+            raise Unsupported(f"{arg} has dtype {buf.dtype_name}: only the nccl backend handles fp8 (NCCL >= 2.24); "
+                              f"the host backend supports {', '.join(_buffers.SUPPORTED)}")
+
+    def check_out(self, src, dst) -> None:
+        if dst.kind != src.kind or dst.device != src.device:
+            raise InvalidArgument(f"out must be a {src.kind} array on {src.device} like x; got a {dst.kind} "
+                                  f"array on {dst.device}")
+
+    # -- operations -----------------------------------------------------------------------------------------------
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        premul = None
+        if redop is not None and type(redop) is not _C.RedOp:  # a premul_sum (the Communicator allows nothing else)
+            premul, redop = float(redop.scalar), _C.RedOp.sum
+        if self._group is not None and self._group:
+            # Collectives keep their order relative to each other; queued p2p goes first so a group that
+            # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
+            batch, self._group = self._group, []
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
+        name = self._select(coll, algo, nbytes)
+        op = redop if redop is not None else _C.RedOp.sum
+        self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul,
+                      algo is None or algo == "auto")
+
+    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        if self._group is not None:
+            self._group.append((send, peer, buf))
+        else:
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes)])
+
+    @contextlib.contextmanager
+    def group(self):
+        if self._group is not None:
+            self._group_depth += 1
+            try:
+                yield
+            finally:
+                self._group_depth -= 1
+            return
+        self._group = []
+        self._group_depth = 1
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            batch, self._group, self._group_depth = self._group, None, 0
+            if ok and batch:
+                self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+
+    def barrier(self) -> None:
+        self.impl.barrier()
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        return self._select(coll, algo, nbytes)
+
+    def _select(self, coll: int, algo, nbytes: int) -> str:
+        if algo is None:
+            algo = "auto"
+        if not isinstance(algo, str):
+            raise InvalidArgument(f"algo must be a string ('auto' or an algorithm name); got {algo!r}")
+        return _C.select_algorithm(coll, self.world_size, nbytes, self.local_size, algo)
+
+
+# -- set-up -----------------------------------------------------------------------------------------------------
+
+
+# Tests only: called with the name of each step of the host backend's set-up (the kill sweep of
+# tests/reliability/ stops ranks at each). None in normal use.
+_STAGE_HOOK = None
+
+
+def stage(name: str) -> None:
+    if _STAGE_HOOK is not None:
+        _STAGE_HOOK(name)
+
+
+def _parse_handle(raw: bytes):
+    """The region handle rank 0 published, validated: it came over the network and becomes a /proc path."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        pid, fd, token = doc["pid"], doc["fd"], doc["token"]
+        values = (pid, fd, *token)
+        ok = (len(token) == 2 and all(type(v) is int for v in values) and 0 < pid < 2**31 and 0 <= fd < 2**31
+              and all(0 <= t < 2**64 for t in token))
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise InvalidArgument(f"the rendezvous store holds a malformed host-backend region handle: {raw[:200]!r}")
+    return pid, fd, token[0], token[1]
+
+
+def _init_host(launch, store, timeout: float):
+    host = socket.gethostname()
+    # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
+    generation = (store.add("gpucoll/host/count", 1) - 1) // launch.world_size
+    prefix = f"gpucoll/host/{generation}/"
+    store.set(f"{prefix}hostname/{launch.rank}", host.encode())
+    stage("registered")
+    if launch.rank == 0:
+        for r in range(1, launch.world_size):
+            other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
+            if r == launch.world_size - 1:
+                stage("met")  # every rank has reached the store
+            if other != host:
+                store.set(f"{prefix}region", b"")
+                raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
+                                  f"rank 0 on {host!r}")
+        impl = _C.HostComm(0, launch.world_size, float(timeout))
+        stage("created")
+        pid, fd, t0, t1 = impl.handle
+        store.set(f"{prefix}region", json.dumps({"pid": pid, "fd": fd, "token": [t0, t1]}).encode())
+    else:
+        raw = store.get(f"{prefix}region", timeout=timeout)
+        if not raw:
+            raise Unsupported("the host backend needs every rank on one machine (rank 0 found ranks on other hosts)")
+        handle = _parse_handle(raw)
+        try:
+            impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), handle)
+        except SystemError:
+            if pid_exited(handle[0]):
+                raise CollectiveTimeout(f"rank 0 exited before this rank could attach to the host backend's region "
+                                        f"(its process {handle[0]} is gone)", ranks=(0,)) from None
+            raise
+    stage("attached")
+    # Every rank attached before rank 0 lets go of the region's descriptor. Through the store where it has a
+    # barrier: gpucoll's server notices a rank whose connection closed (it died) and names it at once;
+    # wait_attached then only confirms (and is the whole wait over a store without one).
+    barrier = getattr(store, "barrier", None)
+    if barrier is not None:
+        barrier(f"{prefix}attached", launch.world_size, timeout=timeout, rank=launch.rank)
+    impl.wait_attached()
+    stage("ready")
+    return impl
