@@ -17,12 +17,14 @@ from gpucoll.errors import (
     RemoteError,
     Unsupported,
 )
+from gpucoll.group import Group
 
 __all__ = [
     "CollectiveTimeout",
     "Communicator",
     "CudaError",
     "GpucollError",
+    "Group",
     "InternalError",
     "InvalidArgument",
     "InvalidUsage",

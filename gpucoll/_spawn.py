@@ -59,14 +59,19 @@ def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results
 
 
 def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend: str = "auto",
-          timeout: float = 300.0, **init_kwargs) -> list:
+          timeout: float = 300.0, elastic: bool = False, **init_kwargs) -> list:
     """Start `nranks` local processes, call ``fn(comm, *args)`` in each, return the results ordered by rank.
 
     backend='nccl' gives rank r GPU r; with more ranks than GPUs, ranks share them through NCCL's multi-rank mode
     (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1 is set for the workers), and otherwise this raises Unsupported
     saying why. backend='custom' runs gpucoll's own allreduce kernels, ranks sharing GPUs when there are fewer GPUs
     than ranks (CUDA IPC between processes on one device). backend='auto' uses NCCL when that works here, else the
-    host backend."""
+    host backend.
+
+    A rank that fails stops the others (a second after, so that they report what they saw) and spawn raises
+    RemoteError (its ``.results``: the values of the ranks that returned). elastic=True lets the others run on (a
+    job that shrinks its communicator and carries on, see Communicator.shrink): spawn waits for every rank, then
+    returns or raises as above."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
@@ -119,7 +124,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
                         outcome[r] = ("exited", p.exitcode)
                         if first_failure_at is None:
                             first_failure_at = time.monotonic()
-            if first_failure_at is not None and time.monotonic() - first_failure_at > _FAILURE_GRACE_S:
+            if not elastic and first_failure_at is not None and time.monotonic() - first_failure_at > _FAILURE_GRACE_S:
                 break
     finally:
         _stop(procs, outcome)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 from gpucoll import _buffers, _log, backends, config
+from gpucoll import group as groups
 from gpucoll._native import _C
 from gpucoll.backends.base import (
     ALL_GATHER,
@@ -21,7 +22,7 @@ from gpucoll.backends.base import (
 from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
-from gpucoll.errors import InvalidArgument, InvalidUsage
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
 
 OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -66,6 +67,8 @@ class Communicator:
         self._closed = False
         self._local_size = local_size
         self._close_reason = "close() was called"
+        self._failed: set = set()  # ranks named by a CollectiveTimeout or RemoteError of this communicator
+        self._shrinks = 0
         # the per-call selector where the backend has one (gpucoll/backends/select.py); chosen: 'auto' picked it
         self._selector, self._chosen = selector, chosen
         # Everything that depends on the backend (gpucoll/backends/base.py); impl is its implementation object.
@@ -136,7 +139,57 @@ class Communicator:
     def barrier(self) -> None:
         """Returns once every rank has called barrier()."""
         self._check_open("barrier")
-        self._ops.barrier()
+        try:
+            self._ops.barrier()
+        except (CollectiveTimeout, RemoteError) as e:
+            self._failed.update(e.ranks or ())
+            raise
+
+    # -- new communicators from this one (gpucoll/group.py) ---------------------------------------------
+    def split(self, color, key=None):
+        """Collective, like MPI_Comm_split: the ranks that pass the same `color` (an int >= 0) form a new
+        communicator of this one's backend, ranked by `key` (default: this rank), ties by rank; color None takes
+        no part and gets None. The new communicator shares nothing with this one at run time (its own shared
+        memory, NCCL communicator or peer memory), so both, and siblings, may run collectives at once. Close it
+        before this one: it meets its peers through this communicator's rendezvous store."""
+        self._check_open("split")
+        return groups.split(self._store, self._rank, self._world_size, self._timeout, color, key, self._child)
+
+    def subgroup(self, ranks):
+        """Collective: the communicator of the ranks in `ranks` (a gpucoll.Group or an iterable of ranks, the same
+        on every rank), numbered in rank order; None on the ranks outside it."""
+        self._check_open("subgroup")
+        g = ranks if isinstance(ranks, groups.Group) else groups.Group(ranks)
+        outside = [r for r in g if r >= self._world_size]
+        if outside or not len(g):
+            raise InvalidArgument(f"ranks must be a non-empty set of ranks of this communicator (0 to "
+                                  f"{self._world_size - 1}); got {g!r}")
+        return groups.split(self._store, self._rank, self._world_size, self._timeout, 0 if self._rank in g else None,
+                            None, self._child, asked=list(g.ranks))
+
+    def shrink(self, exclude=()):
+        """Collective over the surviving ranks, after a failure: a communicator of this one's backend holding every
+        rank that calls shrink, except those in `exclude`, renumbered densely in rank order. Ranks named dead by an
+        earlier CollectiveTimeout or RemoteError of this communicator (or excluded by any rank) are not waited
+        for; any other rank is waited for up to the timeout. Survivors agree through the rendezvous store (served
+        by rank 0, which must be alive) even when they saw different failures first; a rank that arrives after
+        the survivors were decided gets InvalidUsage. This communicator is left as it is: close or abort it."""
+        self._check_open("shrink (shrink first, then close or abort this communicator: the new one meets its "
+                         "peers through this one's rendezvous store)")
+        if isinstance(exclude, int) and not isinstance(exclude, bool):
+            exclude = (exclude,)
+        self._shrinks += 1
+        return groups.shrink(self._store, self._rank, self._world_size, self._timeout, self._shrinks, exclude,
+                             self._failed, self._child)
+
+    def _child(self, rank: int, size: int, store, members: list):
+        """The communicator of a split, subgroup or shrink: this one's backend, device and timeout, over `store`."""
+        launch = LaunchInfo(rank=rank, world_size=size, local_rank=0, local_world_size=1, address="", port=0,
+                            launcher="store")
+        device = self._ops.device
+        index = int(device.split(":")[1]) if device.startswith("cuda:") else None
+        _log.debug(f"rank {self._rank} is rank {rank} of {size} in a new communicator of ranks {members}")
+        return _build(launch, store, self._backend, self._timeout, 0, index, self._backend)
 
     def all_reduce(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` element-wise across ranks with `op`; every rank gets the result.
@@ -304,7 +357,11 @@ class Communicator:
 
     def _run(self, coll: int, algo, src, dst, count: int, redop, root: int, stream=None, async_op=False):
         """Hands one collective to the backend; returns its Work for async_op where the operation may still run."""
-        return self._ops.collective(coll, algo, src, dst, count, redop, root, stream, async_op)
+        try:
+            return self._ops.collective(coll, algo, src, dst, count, redop, root, stream, async_op)
+        except (CollectiveTimeout, RemoteError) as e:
+            self._failed.update(e.ranks or ())  # what shrink() knows of dead ranks without waiting for them
+            raise
 
     def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True, slice_in_place=None):
         """`out` checked against `src`. slice_in_place names NCCL's in-place layouts, where the two overlap on

@@ -345,3 +345,46 @@ def store_socket(port: int, secret: str | bytes | None = None, host: str = "127.
     if verdict[:1] != bytes([w.AUTH_OK]):
         raise ConnectionError(f"the store refused the handshake: {verdict[:1]!r}")
     return s
+
+
+def every_collective(comm, members: list, tag: str, n: int = 1003) -> list:
+    """Every collective (and a send/recv ring) on `comm`, whose rank i is global rank members[i], checked exactly
+    (float32 integers derived from global ranks, so a rank in the wrong group or position shows); failures as text.
+    For communicators made from others (split, subgroup, shrink)."""
+    P, r, g = comm.world_size, comm.rank, members[comm.rank]
+    fails = []
+
+    def expect(name, got, want):
+        if got is None or not np.array_equal(np.asarray(got), want):
+            fails.append(f"{tag}: {name} on global rank {g} (rank {r} of {P})")
+
+    def x_of(q):
+        return (np.arange(n) % 13 + members[q]).astype(np.float32)
+
+    total = sum(x_of(q) for q in range(P))
+    expect("all_reduce", comm.all_reduce(x_of(r)), total)
+    root = P - 1
+    expect("broadcast", comm.broadcast(x_of(r), root=root), x_of(root))
+    got = comm.reduce(x_of(r), op="max", root=0)
+    if r == 0:
+        expect("reduce", got, np.max([x_of(q) for q in range(P)], axis=0))
+    expect("all_gather", comm.all_gather(x_of(r)), np.concatenate([x_of(q) for q in range(P)]))
+    blocks = (np.arange(P * 5) + 100 * g).astype(np.float32)
+    want_rs = sum((np.arange(P * 5) + 100 * members[q]).astype(np.float32) for q in range(P))[r * 5:(r + 1) * 5]
+    expect("reduce_scatter", comm.reduce_scatter(blocks), want_rs)
+    want_a2a = np.concatenate([(np.arange(P * 5) + 100 * members[q]).astype(np.float32)[r * 5:(r + 1) * 5]
+                               for q in range(P)])
+    expect("all_to_all", comm.all_to_all(blocks), want_a2a)
+    got = comm.gather(x_of(r), root=root)
+    if r == root:
+        expect("gather", got, np.concatenate([x_of(q) for q in range(P)]))
+    src = (np.arange(P * 5) + 100 * members[0]).astype(np.float32)
+    expect("scatter", comm.scatter(src.copy(), root=0), src[r * 5:(r + 1) * 5])
+    comm.barrier()
+    if P > 1:
+        buf = np.empty(n, np.float32)
+        with comm.group():
+            comm.send(x_of(r), (r + 1) % P)
+            comm.recv(buf, (r - 1) % P)
+        expect("send/recv", buf, x_of((r - 1) % P))
+    return fails

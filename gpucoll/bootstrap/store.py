@@ -115,7 +115,7 @@ class TCPStore:
     """
 
     def __init__(self, host: str, port: int, *, is_server: bool, timeout: float = 300.0, secret=None,
-                 rank: int | None = None, limits: Limits | None = None):
+                 rank: int | None = None, limits: Limits | None = None, like: TCPStore | None = None):
         if not isinstance(host, str):
             raise InvalidArgument(f"host must be a string (host name or IP address), got {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -123,7 +123,8 @@ class TCPStore:
         self.timeout = self._check_timeout(timeout, "timeout")
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise InvalidArgument(f"rank must be a non-negative int or None, got {rank!r}")
-        self._auth_key = w.derive_key(job_secret(secret))
+        # like=: a store for the same job (a communicator made from another one), admitting the same members.
+        self._auth_key = like._auth_key if like is not None else w.derive_key(job_secret(secret))
         self.host = host
         self.is_server = bool(is_server)
         self.rank = rank
