@@ -35,6 +35,7 @@ __all__ = [
     "__version__",
     "errors",
     "init",
+    "join",
     "premul_sum",
     "spawn",
 ]
@@ -44,7 +45,7 @@ def __getattr__(name):
     # Lazy so that `import gpucoll` stays cheap, never drags in torch/CuPy, and does not load the native core: a
     # build that cannot load (e.g. a bad GPUCOLL_EMU_* setting) then fails at `import gpucoll._C` with its own
     # message. These are the package's only function-level imports of its own modules (tests/import_graph.py).
-    if name in ("init", "Communicator"):
+    if name in ("init", "join", "Communicator"):
         from gpucoll import communicator
 
         return getattr(communicator, name)

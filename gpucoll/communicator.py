@@ -22,7 +22,8 @@ from gpucoll.backends.base import (
 from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
-from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError
+from gpucoll.bootstrap.store import TCPStore
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError, Unsupported
 
 OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -69,6 +70,7 @@ class Communicator:
         self._close_reason = "close() was called"
         self._failed: set = set()  # ranks named by a CollectiveTimeout or RemoteError of this communicator
         self._shrinks = 0
+        self._grows = 0
         # the per-call selector where the backend has one (gpucoll/backends/select.py); chosen: 'auto' picked it
         self._selector, self._chosen = selector, chosen
         # Everything that depends on the backend (gpucoll/backends/base.py); impl is its implementation object.
@@ -181,6 +183,32 @@ class Communicator:
         self._shrinks += 1
         return groups.shrink(self._store, self._rank, self._world_size, self._timeout, self._shrinks, exclude,
                              self._failed, self._child)
+
+    def grow(self):
+        """Collective over this communicator's ranks, at a point where every rank is (a step boundary): admit every
+        process waiting in gpucoll.join() on this communicator's store. Returns a communicator of this one's
+        backend with the newcomers as ranks world_size, world_size + 1, ... (in the order they asked), every old
+        rank keeping its number. This communicator is left as it is: close it. waiting_to_join() tells whether
+        anyone is waiting (ask on one rank and broadcast the answer, so that every rank decides alike)."""
+        self._check_open("grow")
+        self._grows += 1
+        return groups.grow(self._store, self._rank, self._world_size, self._timeout, self._grows, self._child)
+
+    def waiting_to_join(self) -> int:
+        """How many processes are waiting in gpucoll.join() to be admitted by grow() (local; no communication with
+        the other ranks)."""
+        self._check_open("waiting_to_join")
+        return groups.waiting_to_join(self._store)
+
+    def join_address(self) -> tuple:
+        """(address, port) for gpucoll.join(): this communicator's rendezvous store, when it is gpucoll's own (a
+        communicator from init or spawn, or one made by shrink or grow)."""
+        self._check_open("join_address")
+        if not isinstance(self._store, TCPStore):
+            raise Unsupported("join_address: this communicator meets through another store (torch's, or its "
+                              "parent's, for split and subgroup); new processes can join only a communicator with "
+                              "gpucoll's own store (from init, spawn, shrink or grow)")
+        return self._store.reachable_address(), self._store.port
 
     def _child(self, rank: int, size: int, store, members: list):
         """The communicator of a split, subgroup or shrink: this one's backend, device and timeout, over `store`."""
@@ -434,6 +462,24 @@ def init(rank: int | None = None, world_size: int | None = None, *, backend: str
         launch = detect_launch(rank=rank, world_size=world_size, address=address, port=port, local_rank=local_rank)
         store = external.launcher_store(launch, timeout, secret)
     return _build(launch, store, kind, timeout, local_size, device, backend)
+
+
+def join(address: str, port: int, *, backend: str = "auto", timeout: float = 300.0, device=None,
+         secret: str | bytes | None = None) -> Communicator:
+    """Join a running job: wait (up to `timeout`) until its ranks call grow() on the communicator whose store is
+    at address:port (its join_address()), then return this process's communicator in the grown job. `secret` is
+    the job's (else GPUCOLL_STORE_SECRET, else the per-user file, as for init); `backend` must be the job's."""
+    kind, _ = _check_common(backend, timeout, 0, device)
+    store = TCPStore(address, port, is_server=False, timeout=timeout, secret=secret)
+    try:
+        def build(rank, size, new_store, members):
+            launch = LaunchInfo(rank=rank, world_size=size, local_rank=0, local_world_size=1, address="", port=0,
+                                launcher="store")
+            return _build(launch, new_store, kind, timeout, 0, device, kind)
+
+        return groups.join(store, timeout, build)
+    finally:
+        store.close()
 
 
 def _check_common(backend, timeout, local_size, device):

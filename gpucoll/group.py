@@ -34,6 +34,8 @@ from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage
 
 _SPLIT = "gpucoll/split/"
 _SHRINK = "gpucoll/shrink/"
+_GROW = "gpucoll/grow/"
+_JOIN = "gpucoll/join/"
 
 
 def _rank_list(ranks, what: str) -> list:
@@ -176,18 +178,73 @@ def _root_store(store):
 def _survivors_store(store, base: str, new_rank: int, survivors: list, timeout: float):
     """A fresh store served by the survivors' rank 0 (gpucoll's store, which remembers the dead rank; it admits
     the same members: the same secret), or a prefixed view of the parent's where that is another kind of store."""
+    hosts = set()
+    if new_rank == 0 and isinstance(_root_store(store), TCPStore):
+        hosts = {_poll_json(store, f"{base}here/{q}", timeout, "a survivor's record")[2] for q in survivors}
+    return _fresh_store(store, base, new_rank, hosts, timeout)
+
+
+def _fresh_store(store, base: str, new_rank: int, hosts: set, timeout: float):
+    """The store of a communicator made from this one: served by its rank 0 (listening on loopback when every
+    host in `hosts` is this one), its address published under `base`; where the parent's store is not gpucoll's,
+    a prefixed view of it."""
     root = _root_store(store)
     if not isinstance(root, TCPStore):
         return PrefixStore(store, f"{base}comm/")
     if new_rank == 0:
-        hosts = {_poll_json(store, f"{base}here/{q}", timeout, "a survivor's record")[2] for q in survivors}
-        local = hosts == {socket.gethostname()}
+        local = hosts <= {socket.gethostname()}
         new = TCPStore("127.0.0.1" if local else "0.0.0.0", 0, is_server=True, timeout=timeout, rank=0, like=root)
         address = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
         store.set_json(f"{base}store", [address, new.port])
         return new
-    address, port = _poll_json(store, f"{base}store", timeout, "the survivors' store address")
+    address, port = _poll_json(store, f"{base}store", timeout, "the new communicator's store address")
     return TCPStore(address, int(port), is_server=False, timeout=timeout, rank=new_rank, like=root)
+
+
+# -- growing: new processes join a running job ------------------------------------------------------------------------
+
+def waiting_to_join(store) -> int:
+    """How many processes asked to join and were not admitted yet (answered at once)."""
+    issued = int(store.get(_JOIN + "tickets")) if store.check([_JOIN + "tickets"]) else 0
+    admitted = int(store.get(_JOIN + "admitted")) if store.check([_JOIN + "admitted"]) else 0
+    return issued - admitted
+
+
+def grow(store, rank: int, world_size: int, timeout: float, n: int, build):
+    """Members' side: admit every process waiting to join (rank 0 decides which: those with a ticket now); they
+    become ranks world_size.. in ticket order. Everyone builds the new communicator over a fresh store."""
+    base = f"{_GROW}{n}/"
+    if rank == 0:
+        issued = int(store.get(_JOIN + "tickets")) if store.check([_JOIN + "tickets"]) else 0
+        admitted = int(store.get(_JOIN + "admitted")) if store.check([_JOIN + "admitted"]) else 0
+        # A joiner that gave up withdrew its ticket by claiming it first (join): the claim decides, atomically.
+        tickets = [t for t in range(admitted + 1, issued + 1) if store.add(f"{_JOIN}claim/{t}", 1) == 1]
+        size = world_size + len(tickets)
+        hosts = {store.get_json(f"{_JOIN}ticket/{t}", timeout=timeout)[0] for t in tickets}
+        if isinstance(_root_store(store), TCPStore) and _root_store(store).host not in ("127.0.0.1", "localhost"):
+            hosts.add("")  # members may be elsewhere: listen on every interface
+        store.set_json(f"{base}plan", [size, tickets])
+        store.add(_JOIN + "admitted", issued - admitted)
+        new = _fresh_store(store, base, 0, hosts, timeout)
+        for i, t in enumerate(tickets):
+            store.set_json(f"{_JOIN}admit/{t}", [base, world_size + i, size])
+        return build(0, size, new, list(range(size)))
+    size, _ = _poll_json(store, f"{base}plan", timeout, "the plan of the grown communicator")
+    return build(rank, size, _fresh_store(store, base, rank, set(), timeout), list(range(size)))
+
+
+def join(store, timeout: float, build):
+    """Joiner's side: take a ticket, wait (up to `timeout`) until the members admit it, build with them."""
+    ticket = store.add(_JOIN + "tickets", 1)
+    store.set_json(f"{_JOIN}ticket/{ticket}", [socket.gethostname()])
+    try:
+        base, rank, size = _poll_json(store, f"{_JOIN}admit/{ticket}", timeout, "this process's admission")
+    except CollectiveTimeout:
+        if store.add(f"{_JOIN}claim/{ticket}", 1) == 1:
+            raise  # withdrawn: a later grow() skips this ticket
+        # rank 0 claimed it first: the admission is on its way
+        base, rank, size = _poll_json(store, f"{_JOIN}admit/{ticket}", timeout, "this process's admission")
+    return build(rank, size, _fresh_store(store, base, rank, set(), timeout), list(range(size)))
 
 
 def _lost_ranks(store, base: str) -> set:

@@ -160,6 +160,13 @@ class TCPStore:
     def _op_timeout(self, timeout) -> float:
         return self.timeout if timeout is None else self._check_timeout(timeout, "timeout")
 
+    def reachable_address(self) -> str:
+        """An address other processes can reach this store at: the host it listens on or connects to, or for a
+        server listening on every interface, this host's address."""
+        if self.host in ("", "0.0.0.0", "::"):
+            return socket.gethostbyname(socket.gethostname())
+        return self.host
+
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"

@@ -126,3 +126,17 @@ def test_a_rank_later_than_the_timeout_is_told_it_was_left_out():
     assert results[0]["shape"] == (0, 2) and results[1]["shape"] == (1, 2), results
     assert not results[0]["fails"] and not results[1]["fails"]
     assert "were decided without it" in results[2], results[2]
+
+
+def test_join_without_admission_times_out_naming_what_it_waited_for():
+    """A process that asks to join a job whose ranks never call grow() raises instead of hanging."""
+    from gpucoll.bootstrap.store import TCPStore, new_secret
+
+    secret = new_secret()
+    with TCPStore("127.0.0.1", 0, is_server=True, timeout=5.0, secret=secret) as server:
+        started = time.monotonic()
+        with pytest.raises(gpucoll.CollectiveTimeout, match="admission"):
+            gpucoll.join("127.0.0.1", server.port, backend="host", timeout=1.0, secret=secret)
+        assert time.monotonic() - started < 5.0
+        # It withdrew its ticket (claimed it before any rank 0 could): a later grow() skips it.
+        assert server.add("gpucoll/join/claim/1", 0) == 1
