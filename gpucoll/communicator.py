@@ -71,6 +71,8 @@ class Communicator:
         self._failed: set = set()  # ranks named by a CollectiveTimeout or RemoteError of this communicator
         self._shrinks = 0
         self._grows = 0
+        self._group_depth = 0
+        self._group_refs: list = []  # buffers of the operations queued in the open group()
         # the per-call selector where the backend has one (gpucoll/backends/select.py); chosen: 'auto' picked it
         self._selector, self._chosen = selector, chosen
         # Everything that depends on the backend (gpucoll/backends/base.py); impl is its implementation object.
@@ -327,8 +329,16 @@ class Communicator:
         order. Collectives inside the block run in issue order. On the nccl backend the block is
         ncclGroupStart/ncclGroupEnd: everything in it launches together when the outermost block exits."""
         self._check_open("group")
-        with self._ops.group():
-            yield self
+        self._group_depth += 1
+        try:
+            with self._ops.group():
+                yield self
+        finally:
+            self._group_depth -= 1
+            if self._group_depth == 0:
+                # Until here the queued operations may still read or write them (a temporary passed to send
+                # would otherwise be freed before the group ran it).
+                self._group_refs.clear()
 
     # -- buffer registration (backend='custom') -----------------------------------------------------------
     def _registrar(self, what: str):
@@ -357,6 +367,8 @@ class Communicator:
         if peer == self._rank:
             raise InvalidArgument(f"peer must be another rank than this one ({self._rank}); got {peer}")
         buf = self._resolve(x, "x", writable=not send)
+        if self._group_depth:
+            self._group_refs.append(buf.obj)
         return self._ops.p2p(send, peer, buf, stream, async_op)
 
     def _resolve(self, x, arg: str, writable: bool = False):

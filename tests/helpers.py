@@ -347,44 +347,46 @@ def store_socket(port: int, secret: str | bytes | None = None, host: str = "127.
     return s
 
 
-def every_collective(comm, members: list, tag: str, n: int = 1003) -> list:
+def every_collective(comm, members: list, tag: str, n: int = 1003, put=None, get=None) -> list:
     """Every collective (and a send/recv ring) on `comm`, whose rank i is global rank members[i], checked exactly
     (float32 integers derived from global ranks, so a rank in the wrong group or position shows); failures as text.
-    For communicators made from others (split, subgroup, shrink)."""
+    For communicators made from others (split, subgroup, shrink). `put` makes the library's array from a NumPy one
+    and `get` reads one back (default: NumPy arrays themselves; DeviceArray.from_host / .to_host on a GPU)."""
+    put = put or (lambda a: a.copy())
+    get = get or np.asarray
     P, r, g = comm.world_size, comm.rank, members[comm.rank]
     fails = []
 
     def expect(name, got, want):
-        if got is None or not np.array_equal(np.asarray(got), want):
+        if got is None or not np.array_equal(get(got), want):
             fails.append(f"{tag}: {name} on global rank {g} (rank {r} of {P})")
 
     def x_of(q):
         return (np.arange(n) % 13 + members[q]).astype(np.float32)
 
-    total = sum(x_of(q) for q in range(P))
-    expect("all_reduce", comm.all_reduce(x_of(r)), total)
+    def blocks_of(q):
+        return (np.arange(P * 5) + 100 * members[q]).astype(np.float32)
+
+    expect("all_reduce", comm.all_reduce(put(x_of(r))), sum(x_of(q) for q in range(P)))
     root = P - 1
-    expect("broadcast", comm.broadcast(x_of(r), root=root), x_of(root))
-    got = comm.reduce(x_of(r), op="max", root=0)
+    expect("broadcast", comm.broadcast(put(x_of(r)), root=root), x_of(root))
+    got = comm.reduce(put(x_of(r)), op="max", root=0)
     if r == 0:
         expect("reduce", got, np.max([x_of(q) for q in range(P)], axis=0))
-    expect("all_gather", comm.all_gather(x_of(r)), np.concatenate([x_of(q) for q in range(P)]))
-    blocks = (np.arange(P * 5) + 100 * g).astype(np.float32)
-    want_rs = sum((np.arange(P * 5) + 100 * members[q]).astype(np.float32) for q in range(P))[r * 5:(r + 1) * 5]
-    expect("reduce_scatter", comm.reduce_scatter(blocks), want_rs)
-    want_a2a = np.concatenate([(np.arange(P * 5) + 100 * members[q]).astype(np.float32)[r * 5:(r + 1) * 5]
-                               for q in range(P)])
-    expect("all_to_all", comm.all_to_all(blocks), want_a2a)
-    got = comm.gather(x_of(r), root=root)
+    expect("all_gather", comm.all_gather(put(x_of(r))), np.concatenate([x_of(q) for q in range(P)]))
+    expect("reduce_scatter", comm.reduce_scatter(put(blocks_of(r))),
+           sum(blocks_of(q) for q in range(P))[r * 5:(r + 1) * 5])
+    expect("all_to_all", comm.all_to_all(put(blocks_of(r))),
+           np.concatenate([blocks_of(q)[r * 5:(r + 1) * 5] for q in range(P)]))
+    got = comm.gather(put(x_of(r)), root=root)
     if r == root:
         expect("gather", got, np.concatenate([x_of(q) for q in range(P)]))
-    src = (np.arange(P * 5) + 100 * members[0]).astype(np.float32)
-    expect("scatter", comm.scatter(src.copy(), root=0), src[r * 5:(r + 1) * 5])
+    expect("scatter", comm.scatter(put(blocks_of(0)), root=0), blocks_of(0)[r * 5:(r + 1) * 5])
     comm.barrier()
     if P > 1:
-        buf = np.empty(n, np.float32)
+        buf = put(np.zeros(n, np.float32))
         with comm.group():
-            comm.send(x_of(r), (r + 1) % P)
+            comm.send(put(x_of(r)), (r + 1) % P)
             comm.recv(buf, (r - 1) % P)
         expect("send/recv", buf, x_of((r - 1) % P))
     return fails

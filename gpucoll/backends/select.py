@@ -226,10 +226,25 @@ class Selector:
             raise InvalidArgument(f"backend='host' takes CPU buffers; {_CUDA_HOST_WHY}")
         if self.gpus is None:
             return self._unplaced(coll, algo, nccl_ok, why)
+        if self.world_size == 1 and a.nccl and algo in ("", "auto") and not _algo_env(coll):
+            # One rank moves nothing between GPUs: the topology model has no link to price, NCCL copies locally.
+            return Choice("nccl", "auto", 0.0, "one rank: NCCL copies in place", "", "local")
+
+        def select(custom: bool, nccl: bool):
+            return _C.topo_select(self.topology, coll, nbytes, dtype, nranks_per_node=self.local, nodes=self.nodes,
+                                  custom=custom, nccl=nccl, host=False, requested=algo, gpus=self.gpus, why=why,
+                                  custom_algorithms=list(a.custom_algorithms))
+
         try:
-            c = _C.topo_select(self.topology, coll, nbytes, dtype, nranks_per_node=self.local, nodes=self.nodes,
-                               custom=custom_ok, nccl=nccl_ok, host=False, requested=algo, gpus=self.gpus, why=why,
-                               custom_algorithms=list(a.custom_algorithms))
+            try:
+                c = select(custom_ok, nccl_ok)
+            except InvalidArgument:
+                if backend != "custom" or not a.nccl:
+                    raise
+                # backend='custom' is our kernels where they run and NCCL for the rest (broadcast, an op they
+                # lack): init's contract, and the backend's own fallback where the topology is unknown.
+                del why["nccl"]
+                c = select(False, True)
         except InvalidArgument as e:
             raise InvalidArgument(f"{e.message} (ranks on GPUs {self._placement()})") from None
         requested = algo not in ("", "auto") or bool(_algo_env(coll))

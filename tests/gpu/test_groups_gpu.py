@@ -1,0 +1,72 @@
+"""split, subgroup and shrink on the GPU backends (NCCL, and the custom kernels with their NCCL fallback), on a
+GPU or on gpucoll's emulated device (its NCCL stand-in and kernels): every collective exact on the new
+communicators (DeviceArray buffers), and the ranks that stay shrink without one that left. The protocols are the
+host backend's (tests/distributed/test_groups.py, test_shrink.py, where ranks are also SIGKILLed); here each child
+runs the GPU backend's own set-up (a new NCCL communicator, new peer memory). Not here: recovery from a SIGKILLed
+rank on the GPU backends (on the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
+
+from __future__ import annotations
+
+import helpers
+import numpy as np
+import pytest
+
+import gpucoll
+from gpucoll import Group
+from gpucoll.testing import DeviceArray
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = ("nccl", "custom")
+PUT, GET = DeviceArray.from_host, (lambda a: a.to_host())
+
+
+def _split_worker(comm) -> list:
+    P, r = comm.world_size, comm.rank
+    fails = []
+    sub = comm.split(r % 2, key=-r)
+    members = sorted((q for q in range(P) if q % 2 == r % 2), reverse=True)
+    fails += helpers.every_collective(sub, members, f"{comm.backend} split", n=257, put=PUT, get=GET)
+    g = Group([0, P - 1])
+    sg = comm.subgroup(g)
+    if (sg is None) != (r not in g):
+        fails.append(f"subgroup {g}: rank {r} got {sg!r}")
+    elif sg is not None:
+        fails += helpers.every_collective(sg, list(g), f"{comm.backend} subgroup", n=257, put=PUT, get=GET)
+        sg.close()
+    fails += helpers.every_collective(comm, list(range(P)), f"{comm.backend} parent after", n=257, put=PUT, get=GET)
+    sub.close()
+    return fails
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_and_subgroup(backend, monkeypatch):
+    monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", str(64 << 10))
+    results = gpucoll.spawn(_split_worker, 3, backend=backend, timeout=120.0)
+    fails = [f for res in results for f in res]
+    assert not fails, helpers.format_failures(fails)
+
+
+def _shrink_worker(comm, leaving: int) -> dict:
+    """Rank `leaving` leaves the job (returns); the others shrink without it (exclude=) and carry on."""
+    r = comm.rank
+    comm.all_reduce(PUT(np.ones(8, np.float32)))
+    comm.barrier()
+    if r == leaving:
+        return None
+    new = comm.shrink(exclude=[leaving])
+    survivors = [q for q in range(comm.world_size) if q != leaving]
+    out = {"shape": (new.rank, new.world_size)}
+    out["fails"] = helpers.every_collective(new, survivors, f"{comm.backend} shrunk", n=257, put=PUT, get=GET)
+    new.close()
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shrink_without_a_rank_that_left(backend, monkeypatch):
+    monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", str(64 << 10))
+    results = gpucoll.spawn(_shrink_worker, 3, args=(1,), backend=backend, timeout=60.0)
+    assert results[1] is None
+    for q in (0, 2):
+        assert results[q]["shape"] == ([0, 2].index(q), 2), results
+        assert not results[q]["fails"], helpers.format_failures(results[q]["fails"])
