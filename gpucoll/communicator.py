@@ -93,6 +93,11 @@ class Communicator:
         return self._backend
 
     @property
+    def timeout(self) -> float:
+        """Seconds a collective (and set-up) may wait for peers before failing."""
+        return self._timeout
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
