@@ -239,10 +239,10 @@ class Selector:
             try:
                 c = select(custom_ok, nccl_ok)
             except InvalidArgument:
-                if backend != "custom" or not a.nccl:
+                if backend != "custom" or not a.nccl or coll == "all_reduce":
                     raise
-                # backend='custom' is our kernels where they run and NCCL for the rest (broadcast, an op they
-                # lack): init's contract, and the backend's own fallback where the topology is unknown.
+                # backend='custom': our kernels for all_reduce (refused, with the reason, where they cannot run
+                # it), NCCL for the collectives they do not implement (broadcast, all_gather, ...).
                 del why["nccl"]
                 c = select(False, True)
         except InvalidArgument as e:
