@@ -29,6 +29,10 @@ import torch.distributed as dist
 __all__ = ["Work"]
 
 
+def _value_or_raise(source):
+    return source.value()  # raises the exception set on `source`
+
+
 class Work(dist._Work):
     """One operation of a gpucoll process group, as torch sees it."""
 
@@ -43,7 +47,8 @@ class Work(dist._Work):
         self._device = device  # torch.device of a CUDA operation, else None
         self._deps = tuple(deps)  # torch Works of a delegate backend (cpu:gloo) this one stands for
         self._error = None
-        self._future = None
+        self._future = None  # what get_future() returned
+        self._source_future = None  # its source, while the worker has yet to complete it
         self._source = None  # a recv's source rank in the group (a recv from any source: known once it ran)
 
     # Called by the group when it flushed (or failed to flush) the p2p queue holding this operation.
@@ -56,12 +61,9 @@ class Work(dist._Work):
         with self._lock:
             self._error = error
             self._done.set()
-            fut = self._future
-        if fut is not None:  # get_future() came first: complete it (its callbacks run here, as on gloo's threads)
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(self._outputs)
+            source = self._source_future
+        if source is not None:  # get_future() came first: complete it (its callbacks run here, as on gloo's threads)
+            self._complete(source)
 
     def _settle(self) -> None:
         group = self._pending
@@ -124,33 +126,44 @@ class Work(dist._Work):
 
     def get_future(self):
         """A torch.futures.Future holding the list of output tensors. For CUDA tensors it is a CUDA-aware future:
-        its value is ready for work enqueued on the current stream after ``wait()`` on the future."""
+        its value is ready for work enqueued on the current stream after ``wait()`` on the future. A failed operation
+        fails the future: its ``wait()``/``value()`` raise RuntimeError with the gpucoll error's type and text (as a
+        gloo or NCCL future raises), and DDP's backward raises it."""
+        if self._future is not None:
+            return self._future
         if self._done is not None:
             with self._lock:
-                if self._future is None:
-                    self._future = torch.futures.Future()
-                    if not self._done.is_set():
-                        return self._future  # the worker completes it
-                else:
+                if self._future is not None:
                     return self._future
-            if self._error is not None:
-                self._future.set_exception(self._error)
-            else:
-                self._future.set_result(self._outputs)
+                source, self._future = self._chained_future()
+                if not self._done.is_set():
+                    self._source_future = source  # the worker completes it (_finished)
+                    return self._future
+            self._complete(source)
             return self._future
-        if self._future is None:
-            if self._device is not None:
-                fut = torch.futures.Future(devices=[self._device])
-            else:
-                fut = torch.futures.Future()
-            try:
-                self.wait()
-            except BaseException as e:  # noqa: BLE001 - the future carries it to whoever waits on it
-                fut.set_exception(e)
-            else:
-                fut.set_result(self._outputs)
-            self._future = fut
-        return self._future
+        source, future = self._chained_future()
+        try:
+            self.wait()
+        except BaseException as e:  # noqa: BLE001 - the future carries it to whoever waits on it
+            self._error = e
+        self._complete(source)
+        self._future = future
+        return future
+
+    def _chained_future(self):
+        """(source, future): the future handed out is `source.then(...)`, so that a failure reaches it as a C++ error.
+        torch's Future.set_exception, from Python, stores the exception object as the future's *value* (its Python
+        wait() raises it); DDP's reducer reads the value in C++, takes it for the bucket's tensors and crashed the
+        process (SIGSEGV in c10d::detail::parseCppCommHookResult) when a peer died during backward. An exception
+        raised by a `then` callback is stored as an error, which C++ rethrows."""
+        source = torch.futures.Future(devices=[self._device]) if self._device is not None else torch.futures.Future()
+        return source, source.then(_value_or_raise)
+
+    def _complete(self, source) -> None:
+        if self._error is not None:
+            source.set_exception(self._error)
+        else:
+            source.set_result(self._outputs)
 
     def __repr__(self) -> str:
         state = "queued" if self._pending is not None or (self._done is not None and not self._done.is_set()) \
