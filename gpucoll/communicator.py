@@ -23,7 +23,7 @@ from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend name
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
 from gpucoll.bootstrap.store import TCPStore
-from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, RemoteError, Unsupported
+from gpucoll.errors import CollectiveTimeout, InternalError, InvalidArgument, InvalidUsage, RemoteError, Unsupported
 
 OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -162,7 +162,8 @@ class Communicator:
         memory, NCCL communicator or peer memory), so both, and siblings, may run collectives at once. Close it
         before this one: it meets its peers through this communicator's rendezvous store."""
         self._check_open("split")
-        return groups.split(self._store, self._rank, self._world_size, self._timeout, color, key, self._child)
+        return groups.split(self._store, self._rank, self._world_size, self._timeout, color, key, self._child,
+                            native=self._native_split())
 
     def subgroup(self, ranks):
         """Collective: the communicator of the ranks in `ranks` (a gpucoll.Group or an iterable of ranks, the same
@@ -174,7 +175,7 @@ class Communicator:
             raise InvalidArgument(f"ranks must be a non-empty set of ranks of this communicator (0 to "
                                   f"{self._world_size - 1}); got {g!r}")
         return groups.split(self._store, self._rank, self._world_size, self._timeout, 0 if self._rank in g else None,
-                            None, self._child, asked=list(g.ranks))
+                            None, self._child, asked=list(g.ranks), native=self._native_split())
 
     def shrink(self, exclude=()):
         """Collective over the surviving ranks, after a failure: a communicator of this one's backend holding every
@@ -216,6 +217,25 @@ class Communicator:
                               "parent's, for split and subgroup); new processes can join only a communicator with "
                               "gpucoll's own store (from init, spawn, shrink or grow)")
         return self._store.reachable_address(), self._store.port
+
+    def _native_split(self):
+        """The backend's own split for groups.split (ncclCommSplit), where it can run now; else None."""
+        if not self._ops.can_split():
+            return None
+
+        def native(color, rank: int, size: int, store, members: list):
+            made = self._ops.split(color, rank, store)
+            if made is None:
+                return None
+            impl, selector = made
+            if (impl.rank, impl.world_size) != (rank, size):
+                raise InternalError(f"the {self._backend} backend's split made rank {impl.rank} of {impl.world_size}; "
+                                    f"the ranks agreed on rank {rank} of {size} (members {members})")
+            _log.debug(f"rank {self._rank} is rank {rank} of {size} in a communicator of ranks {members} split off "
+                       f"by the {self._backend} backend")
+            return type(self)(rank=rank, world_size=size, backend=self._backend, impl=impl, store=store,
+                              timeout=self._timeout, selector=selector)
+        return native
 
     def _child(self, rank: int, size: int, store, members: list):
         """The communicator of a split, subgroup or shrink: this one's backend, device and timeout, over `store`."""

@@ -7,7 +7,10 @@ failure) build the new communicator. All three are collective over the parent's 
 parent's rendezvous store, then build the child with the parent's backend over a prefixed view of that store
 (bootstrap/prefix.py): every backend's own set-up (a new shared-memory region, NCCL communicator, or peer memory)
 runs unchanged for the child, which shares nothing with the parent at run time, so parents and children (and
-siblings) may run collectives concurrently.
+siblings) may run collectives concurrently. A backend that can split its own communicator does that instead for
+split and subgroup (NCCL: ncclCommSplit, which sets the child up from the parent's bootstrap; Backend.can_split),
+once every rank said it can. Shrink always builds afresh: the survivors' NCCL communicator is a new init
+(ncclCommShrink is not used yet).
 
 Agreement, and why each step is there:
 * split/subgroup: each rank publishes (color, key, what it was asked) under a key numbered by a shared counter, reads
@@ -110,9 +113,11 @@ class Group:
         return f"Group({list(self._ranks)})"
 
 
-def split(store, rank: int, world_size: int, timeout: float, color, key, build, asked=None):
+def split(store, rank: int, world_size: int, timeout: float, color, key, build, asked=None, native=None):
     """The child communicator of this rank (None for color None): `build(rank, size, store, members)` makes it.
-    `asked`: what every rank must agree on (subgroup's group), compared across ranks."""
+    `asked`: what every rank must agree on (subgroup's group), compared across ranks. `native(color, rank, size,
+    store, members)`, when this rank's backend can split its own communicator (ncclCommSplit), makes it instead,
+    called on every rank (color None too, which gets None): used only when every rank has it."""
     if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
         raise InvalidArgument(f"color must be an int >= 0, or None to take no part; got {color!r}")
     if key is None:
@@ -123,16 +128,20 @@ def split(store, rank: int, world_size: int, timeout: float, color, key, build, 
     # Numbered by a shared counter: every rank of this communicator calls split the same number of times.
     gen = (store.add(_SPLIT + "count", 1) - 1) // world_size
     base = f"{_SPLIT}{gen}/"
-    store.set_json(f"{base}{rank}", [color, key, asked])
+    store.set_json(f"{base}{rank}", [color, key, asked, native is not None])
     rows = [store.get_json(f"{base}{q}", timeout=timeout) for q in range(world_size)]
     asks = [json.dumps(row[2]) for row in rows]
     if len(set(asks)) > 1:
         shown = "; ".join(f"rank {q}: {row[2]}" for q, row in enumerate(rows))
         raise InvalidArgument(f"every rank must ask for the same subgroup; they asked: {shown}")
+    members = [q for _, q in sorted((row[1], q) for q, row in enumerate(rows) if row[0] == color)]
+    child_store = PrefixStore(store, f"{base}{color}/")
+    if native is not None and all(row[3] for row in rows):
+        # The backend's own key is the rank in `members`, so its order is this table's whatever its tie rule.
+        return native(color, members.index(rank) if color is not None else 0, len(members), child_store, members)
     if color is None:
         return None
-    members = [q for _, q in sorted((row[1], q) for q, row in enumerate(rows) if row[0] == color)]
-    return build(members.index(rank), len(members), PrefixStore(store, f"{base}{color}/"), members)
+    return build(members.index(rank), len(members), child_store, members)
 
 
 def shrink(store, rank: int, world_size: int, timeout: float, n: int, exclude, known_dead, build):

@@ -125,6 +125,9 @@ void bind_comm(py::module_& m) {
       .def("abort", &NcclComm::abort, py::arg("why"), py::call_guard<py::gil_scoped_release>())
       .def("close", &NcclComm::close, py::call_guard<py::gil_scoped_release>())
       .def("split_blocking", &NcclComm::split_blocking, py::call_guard<py::gil_scoped_release>())
+      .def("split", &NcclComm::split, py::arg("color"), py::arg("key"), py::call_guard<py::gil_scoped_release>(),
+           "Collective over every rank (ncclCommSplit): the NcclComm of the ranks with the same color (>= 0), "
+           "ordered by key; None for color -1.")
       .def_property_readonly("blocking", &NcclComm::blocking)
       .def("reason", &NcclComm::reason, py::call_guard<py::gil_scoped_release>())
       .def("scratch", &NcclComm::scratch, py::call_guard<py::gil_scoped_release>())

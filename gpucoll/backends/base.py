@@ -84,14 +84,18 @@ class Backend(abc.ABC):
         """The object whose register / register_graph_buffers / graph_capture serve `what`."""
         raise Unsupported(f"{what} applies to backend='custom'; this communicator uses {self.name}")
 
-    # -- room to grow: new communicators from this one ------------------------------------------------------------
-    def split(self, color: int, key: int):
-        """A communicator of the ranks that pass the same `color`, ordered by `key` (ncclCommSplit)."""
-        raise Unsupported(f"split is not implemented by the {self.name} backend")
+    # -- new communicators from this one (gpucoll/group.py) -------------------------------------------------------
+    def can_split(self) -> bool:
+        """Whether split() below can run now. Without it (the default) a split or subgroup builds each child
+        afresh over the store, with this backend's create(); ranks compare the answer and use split() only when
+        every rank says yes."""
+        return False
 
-    def shrink(self, exclude):
-        """A communicator of the ranks not in `exclude` (ncclCommShrink), e.g. after those ranks failed."""
-        raise Unsupported(f"shrink is not implemented by the {self.name} backend")
+    def split(self, color, key: int, store):
+        """Collective over every rank, through the backend's own split (ncclCommSplit): (impl, selector) of this
+        rank's child, made of the ranks with the same `color` ordered by `key`, over the child's rendezvous
+        `store`; None for color None, which takes part all the same."""
+        raise Unsupported(f"split is not implemented by the {self.name} backend")
 
     # -- teardown -------------------------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:

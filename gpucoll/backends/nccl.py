@@ -136,6 +136,7 @@ class NcclBackend:
         self._inflight = {}  # id(native Work) -> (native Work, objects it uses): async ops keep buffers alive
         self._scratch = None
         self._closed = False
+        self.origin = "ncclCommInitRankConfig"  # how the NCCL communicator was made (split(): "ncclCommSplit")
         # GPUCOLL_DEBUG_CHECKS: every collective compared across ranks before it is enqueued (_call_check.py).
         self._calls = StoreCallCheck(store, prefix, rank, world_size, timeout) \
             if config.get_bool("GPUCOLL_DEBUG_CHECKS") and world_size > 1 else None
@@ -305,6 +306,26 @@ class NcclBackend:
             except GpucollError as e:
                 raise self._native_failed(e, self._comm.issued) from None
 
+    def can_split(self) -> bool:
+        """Whether split() can use ncclCommSplit: the loaded NCCL has it and this communicator is healthy."""
+        return (not self._closed and self._error is None and self._comm.usable and self._comm.group_depth == 0
+                and "ncclCommSplit" not in _nccl.load().get("missing_optional", ()))
+
+    def split(self, color, key: int, store):
+        """Collective over every rank (ncclCommSplit): the NcclBackend of this rank's child over `store`, or None
+        for color None (which still takes part)."""
+        self._raise_if_failed()
+        try:
+            child = self._comm.split(-1 if color is None else int(color), int(key))
+        except GpucollError as e:
+            raise self._native_failed(e, self._comm.issued) from None
+        if child is None:
+            return None
+        made = NcclBackend(child, rank=child.rank, world_size=child.nranks, device=self.device, store=store,
+                           prefix="gpucoll/nccl/0/", timeout=self._timeout)
+        made.origin = "ncclCommSplit"
+        return made
+
     def abort(self, reason: str = "abort() was called") -> None:
         self._comm.abort(reason)
 
@@ -460,6 +481,13 @@ class Nccl(Backend):
 
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return "nccl"
+
+    def can_split(self) -> bool:
+        return self.impl.can_split()
+
+    def split(self, color, key: int, store):
+        child = self.impl.split(color, key, store)
+        return None if child is None else (child, None)
 
 
 # -- bootstrap ------------------------------------------------------------------------------------------------------

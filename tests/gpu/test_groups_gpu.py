@@ -1,9 +1,10 @@
 """split, subgroup and shrink on the GPU backends (NCCL; the custom kernels' variant is left out, see BACKENDS), on a
 GPU or on gpucoll's emulated device (its NCCL stand-in and kernels): every collective exact on the new
 communicators (DeviceArray buffers), and the ranks that stay shrink without one that left. The protocols are the
-host backend's (tests/distributed/test_groups.py, test_shrink.py, where ranks are also SIGKILLed); here each child
-runs the GPU backend's own set-up (a new NCCL communicator, new peer memory). Not here: recovery from a SIGKILLed
-rank on the GPU backends (on the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
+host backend's (tests/distributed/test_groups.py, test_shrink.py, where ranks are also SIGKILLed); here NCCL's
+children of split/subgroup come from ncclCommSplit (checked: blocking like their parent), the shrunk communicators
+from a new init, and the custom kernels' children from new peer memory. Not here: recovery from a SIGKILLed rank on
+the GPU backends (on the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def _split_worker(comm) -> list:
     P, r = comm.world_size, comm.rank
     fails = []
     sub = comm.split(r % 2, key=-r)
+    if comm.backend == "nccl":
+        if sub._impl.origin != "ncclCommSplit":
+            fails.append(f"rank {r}: the NCCL child was made by {sub._impl.origin}, not ncclCommSplit")
+        if sub._impl.native.blocking != comm._impl.native.blocking:
+            fails.append(f"rank {r}: a child of a {'blocking' if comm._impl.native.blocking else 'non-blocking'} "
+                         f"NCCL communicator is not")
     members = sorted((q for q in range(P) if q % 2 == r % 2), reverse=True)
     fails += helpers.every_collective(sub, members, f"{comm.backend} split", n=257, put=PUT, get=GET)
     g = Group([0, P - 1])
@@ -45,6 +52,14 @@ def _split_worker(comm) -> list:
 def test_split_and_subgroup(backend, monkeypatch):
     monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", str(64 << 10))
     results = gpucoll.spawn(_split_worker, 3, backend=backend, timeout=120.0)
+    fails = [f for res in results for f in res]
+    assert not fails, helpers.format_failures(fails)
+
+
+def test_split_of_a_blocking_nccl_communicator(monkeypatch):
+    """GPUCOLL_NCCL_BLOCKING_OPS=1: the children are split off the blocking communicator, blocking too."""
+    monkeypatch.setenv("GPUCOLL_NCCL_BLOCKING_OPS", "1")  # the spawned ranks inherit it
+    results = gpucoll.spawn(_split_worker, 3, backend="nccl", timeout=120.0)
     fails = [f for res in results for f in res]
     assert not fails, helpers.format_failures(fails)
 

@@ -15,6 +15,7 @@ namespace gpucoll::nccl {
 
 using detail::backoff;
 using detail::guard_quietly;
+using detail::rethrow_with;
 
 namespace {
 
@@ -23,11 +24,6 @@ namespace {
 // launch usually lands within tens of microseconds, less than the shortest sleep (Linux adds its 50 us timer
 // slack to each), so polls yield the core for this long before backing off.
 constexpr std::chrono::microseconds kSpinFor{200};
-
-// Re-raises an Error with the operation it happened in prepended, keeping its code and call.
-[[noreturn]] void rethrow_with(const Error& e, const std::string& what, const char* file, int line) {
-  throw Error(e.code(), what + ": " + e.message(), e.call(), file, line, e.ranks());
-}
 
 std::string seconds(double s) {
   std::string t = std::to_string(s);
@@ -131,70 +127,6 @@ NcclComm::NcclComm(const ncclUniqueId& id, int nranks, int rank, int device, dou
 }
 
 NcclComm::~NcclComm() { close(); }
-
-void NcclComm::split_blocking() {
-  std::lock_guard<std::mutex> lock(call_mu_);
-  check_usable("split_blocking");
-  if (blocking_) return;
-  if (lib_.fn.ncclCommSplit == nullptr) {
-    GPUCOLL_THROW(ErrorCode::kUnsupported, "ncclCommSplit", "NCCL ", lib_.version_string,
-                  " has no ncclCommSplit (2.18 or newer has): its communicators stay non-blocking");
-  }
-  if (group_.depth != 0) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "", "split_blocking inside an open group");
-  cuda::DeviceGuard guard(device_);
-  const std::string what = "NCCL blocking split (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) +
-                           " on cuda:" + std::to_string(device_) + ")";
-  ncclConfig_t config = nccl_config_default();
-  config.blocking = 1;
-  // The split runs in the parent's mode (init.cc hands the parent to ncclAsyncLaunch): non-blocking, on NCCL's
-  // thread, polled here under the timeout like init. The child's own config makes it blocking afterwards. NCCL
-  // writes the child through the pointer when it finishes, so the slot lives on the heap: where NCCL's thread may
-  // still run, it is left to it (8 bytes) rather than freed under it.
-  auto* slot = new ncclComm_t(nullptr);
-  const ncclResult_t r = lib_.fn.ncclCommSplit(comm_, 0, rank_, slot, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    if (*slot != nullptr) lib_.fn.ncclCommAbort(*slot);
-    delete slot;
-    try {
-      nccl_check(r, "ncclCommSplit", comm_, __FILE__, __LINE__);
-    } catch (const Error& e) {
-      abort_locked(what + ": " + e.message());
-      rethrow_with(e, what, __FILE__, __LINE__);
-    }
-  }
-  try {
-    wait_ready("ncclCommSplit", what);
-  } catch (...) {
-    // On a timeout or an asynchronous error wait_ready aborted the parent, and ncclCommAbort joins NCCL's thread
-    // for the split (ncclCommEnsureReady, ncclGroupJobAbort): the slot is final, and a child written there (its
-    // init failed or was cut short) holds its own proxy thread, sockets and GPU memory until aborted. Otherwise
-    // (an abort requested meanwhile) NCCL's thread may still write the slot: it is left to it.
-    if (comm_ == nullptr) {
-      if (*slot != nullptr) lib_.fn.ncclCommAbort(*slot);
-      delete slot;
-    }
-    throw;
-  }
-  ncclComm_t child = *slot;
-  delete slot;
-  if (child == nullptr) {
-    abort_locked(what + ": ncclCommSplit finished without a communicator");
-    GPUCOLL_THROW(ErrorCode::kInternal, "ncclCommSplit", what, ": NCCL finished the split without a communicator");
-  }
-  ncclComm_t parent = nullptr;
-  {
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
-    parent = comm_;
-    comm_ = child;
-  }
-  blocking_ = true;
-  // Nothing was ever issued on the parent but its init, so destroying it has nothing to wait for.
-  const ncclResult_t d = lib_.fn.ncclCommDestroy(parent);
-  if (d != ncclSuccess && d != ncclInProgress) {
-    GPUCOLL_WARN("ncclCommDestroy of the non-blocking parent on rank ", rank_, " returned ", nccl_result_name(d));
-  }
-  GPUCOLL_INFO("NCCL communicator of rank ", rank_, " is blocking (split off the non-blocking init)");
-}
 
 bool NcclComm::native(algo::Coll c) const {
   switch (c) {

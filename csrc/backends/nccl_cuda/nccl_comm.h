@@ -151,6 +151,11 @@ class NcclComm {
   // communicator under it). The timeout then covers only work on the GPU.
   void split_blocking();
   bool blocking() const { return blocking_; }
+  // Collective over every rank of this communicator (ncclCommSplit, nccl_split.cc): the communicator of the ranks
+  // that pass the same color (>= 0), ordered by key then by rank here, in this one's mode (blocking or not), polled
+  // under the timeout like init. color -1 (NCCL_SPLIT_NOCOLOR) takes part and gets nullptr. Unsupported where the
+  // loaded NCCL has no ncclCommSplit.
+  std::unique_ptr<NcclComm> split(int color, int key);
 
   // The watchdog's view; never throws for NCCL/CUDA states (they are reported in the result).
   PollResult poll();
@@ -195,6 +200,10 @@ class NcclComm {
     std::vector<ncclRedOp_t> premul_ops;                                // destroyed once the group ended
   };
 
+  // Adopts a communicator NCCL made from this one (split): polls it ready, reads its rank and size.
+  NcclComm(ncclComm_t adopted, int device, double timeout_s, bool blocking, const std::string& what);
+  // ncclCommSplit with call_mu_ held; the child, or nullptr for color -1.
+  ncclComm_t split_locked(int color, int key, int blocking, const std::string& what);
   void check_usable(const char* what) const;
   // Polls ncclCommGetAsyncError until the state leaves ncclInProgress; throws NcclError naming `call` on
   // an error, CollectiveTimeout at the deadline, InvalidUsage when abort() was requested meanwhile.

@@ -1,12 +1,15 @@
-// Helpers shared by nccl_comm.cc (operations) and nccl_watchdog.cc (progress, abort, teardown).
+// Helpers shared by nccl_comm.cc (operations), nccl_split.cc (new communicators from one) and nccl_watchdog.cc
+// (progress, abort, teardown).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "backends/nccl_cuda/cuda_util.h"
+#include "core/error.h"
 
 namespace gpucoll::nccl::detail {
 
@@ -25,6 +28,11 @@ inline void guard_quietly(std::optional<cuda::DeviceGuard>* guard, int device) n
   } catch (...) {
     guard->reset();
   }
+}
+
+// Re-raises an Error with the operation it happened in prepended, keeping its code and call.
+[[noreturn]] inline void rethrow_with(const Error& e, const std::string& what, const char* file, int line) {
+  throw Error(e.code(), what + ": " + e.message(), e.call(), file, line, e.ranks());
 }
 
 }  // namespace gpucoll::nccl::detail
