@@ -14,10 +14,12 @@ and ``exc.results`` with the values of the ranks that did return).
 from __future__ import annotations
 
 import ast
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
 import sys
 import time
@@ -41,6 +43,8 @@ def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results
     try:
         # Before gpucoll (and NCCL, which reads its variables at init) does anything in this process.
         os.environ.update(env or {})
+        # spawn asks a rank it is about to stop for being stuck to print every thread's stack first (_stop).
+        faulthandler.register(_STACKS_SIGNAL, all_threads=True)
         comm = init(rank, nranks, backend=backend, address="127.0.0.1", port=port, timeout=timeout, **init_kwargs)
         try:
             value = fn(comm, *args)
@@ -71,7 +75,9 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
     A rank that fails stops the others (a second after, so that they report what they saw) and spawn raises
     RemoteError (its ``.results``: the values of the ranks that returned). elastic=True lets the others run on (a
     job that shrinks its communicator and carries on, see Communicator.shrink): spawn waits for every rank, then
-    returns or raises as above."""
+    returns or raises as above. Without elastic, a rank still running `timeout` + 30 s after the last of the others
+    returned is stuck (nothing it waits for can come) and is stopped too, raising RemoteError. A rank that spawn
+    stops first prints its threads' stacks to its stderr (faulthandler, on SIGUSR1)."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
@@ -101,16 +107,25 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         p.start()
     outcome: dict = {}
     first_failure_at = None
+    last_result_at = None
     try:
         while len(outcome) < nranks:
             try:
                 rank, payload = results_q.get(timeout=0.05)
                 outcome[rank] = payload
+                last_result_at = time.monotonic()
                 if payload[0] != "ok" and first_failure_at is None:
                     first_failure_at = time.monotonic()
                 continue
             except queue.Empty:
                 pass
+            if (not elastic and first_failure_at is None and last_result_at is not None
+                    and time.monotonic() - last_result_at > timeout + _STRAGGLER_GRACE_S):
+                # The others returned long ago, so nothing this rank waits for can come (they closed their
+                # communicators): it is stuck, and spawn says so instead of waiting for ever.
+                for r in range(nranks):
+                    outcome.setdefault(r, ("stuck", time.monotonic() - last_result_at, timeout))
+                break
             for r, p in enumerate(procs):
                 if r not in outcome and not p.is_alive():
                     # Drain a result that may have been queued just before the exit.
@@ -218,13 +233,26 @@ def _check_sendable(fn, args, init_kwargs) -> None:
 # with the collective); a rank that has not reported by then is hung (in user code, or waiting on a hung peer) and
 # is stopped: spawn then returns within the failing rank's timeout plus this grace, not a second timeout.
 _FAILURE_GRACE_S = 1.0
+# With no failure: how long past the communicator's timeout a rank may go on after the last of the others returned.
+_STRAGGLER_GRACE_S = 30.0
+# What spawn sends a rank it stops for being stuck, so that the rank prints its stacks (faulthandler) first.
+_STACKS_SIGNAL = signal.SIGUSR1
 
 
 def _stop(procs, outcome) -> None:
-    """Join the ranks that reported (they are closing and exiting), stop the others at once."""
+    """Join the ranks that reported (they are closing and exiting), stop the others at once, each after it printed
+    its threads' stacks to its stderr (faulthandler): where a hung rank waited is the first thing to know."""
+    hung = [p for r, p in enumerate(procs) if outcome.get(r, ("stuck",))[0] == "stuck" and p.is_alive()]
+    for p in hung:
+        try:
+            os.kill(p.pid, _STACKS_SIGNAL)
+        except ProcessLookupError:
+            pass
+    if hung:
+        time.sleep(0.5)
     deadline = time.monotonic() + 5.0
     for r, p in enumerate(procs):
-        if r in outcome:
+        if r in outcome and outcome[r][0] != "stuck":
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.terminate()
@@ -244,7 +272,7 @@ def _pick_failure(failures, values):
             exc = pickle.loads(payload[1])
             consequence = isinstance(exc, GpucollError) and exc.code in (4, 5)  # timeout / remote
             return (1 if consequence else 0, r)
-        if payload[0] == "exited":
+        if payload[0] in ("exited", "stuck"):
             return (0, r)
         return (2, r)
 
@@ -254,6 +282,11 @@ def _pick_failure(failures, values):
         note = f"[gpucoll.spawn] raised on rank {r}; worker traceback:\n{payload[2]}"
     elif payload[0] == "exited":
         exc = RemoteError(f"rank {r} exited with code {payload[1]} without returning a result", ranks=(r,))
+        note = None
+    elif payload[0] == "stuck":
+        exc = RemoteError(f"rank {r} had not returned {payload[1]:.0f} s after the other ranks did (more than the "
+                          f"communicator's timeout of {payload[2]:g} s, plus {_STRAGGLER_GRACE_S:g} s): it was stopped; "
+                          f"its threads' stacks, printed to its stderr just before, show where it waited", ranks=(r,))
         note = None
     else:
         exc = RemoteError(f"rank {r} did not finish and was terminated", ranks=(r,))

@@ -141,3 +141,25 @@ def test_kill_inside_collectives_is_named_by_every_survivor(victim, delay):
         if out["at"] - delay > 5.0:
             problems.append(f"rank {r} named it {out['at'] - delay:.1f} s after the kill")
     assert not problems, helpers.format_failures(problems)
+
+
+def _stuck_after_the_others(comm):
+    comm.barrier()
+    if comm.rank == 1:
+        threading.Event().wait()  # waits for ever, after every collective (a hung close, a forgotten thread...)
+    return comm.rank
+
+
+def test_a_rank_stuck_after_the_others_returned_is_stopped_with_its_stack(monkeypatch, capfd):
+    """spawn does not wait for ever for a rank that outlives the others: `timeout` + a grace after the last of them
+    returned it stops it, after the rank printed its threads' stacks, and raises RemoteError naming it."""
+    monkeypatch.setattr("gpucoll._spawn._STRAGGLER_GRACE_S", 1.0)
+    start = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        gpucoll.spawn(_stuck_after_the_others, 3, backend="host", timeout=2.0)
+    took = time.monotonic() - start
+    assert info.value.ranks == (1,) and "had not returned" in str(info.value), info.value
+    assert info.value.results == [0, None, 2]
+    assert took < 30, took
+    err = capfd.readouterr().err
+    assert "_stuck_after_the_others" in err and "most recent call first" in err, err[-3000:]
