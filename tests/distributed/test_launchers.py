@@ -36,7 +36,9 @@ _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTE
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    env.update(OMP_NUM_THREADS="1", **extra)
+    # The host backend: the script reduces NumPy arrays, which backend="auto" would refuse where it picks NCCL (a
+    # GPU machine). What is tested is how init() finds rank, size and rendezvous under each launcher.
+    env.update(OMP_NUM_THREADS="1", GPUCOLL_BACKEND="host", **extra)
     return env
 
 

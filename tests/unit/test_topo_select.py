@@ -263,7 +263,8 @@ def test_tune_fits_a_default_benchmark_run_by_what_auto_ran(tmp_path, capsys):
 
     src = tmp_path / "default.json"
     cmd = [sys.executable, "-c", "import sys; from gpucoll.bench.cli import main; sys.exit(main())", "all_reduce",
-           "--nranks", "2", "-b", "1K", "-e", "16M", "-f", "8", "-n", "2", "-w", "1", "--json", str(src)]
+           "--nranks", "2", "--backend", "host", "-b", "1K", "-e", "16M", "-f", "8", "-n", "2", "-w", "1", "--json",
+           str(src)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     doc = json.loads(src.read_text())
     assert {r["algo"] for r in doc["results"]} == {"auto"}
