@@ -190,7 +190,7 @@ class Communicator:
             exclude = (exclude,)
         self._shrinks += 1
         return groups.shrink(self._store, self._rank, self._world_size, self._timeout, self._shrinks, exclude,
-                             self._failed, self._child)
+                             self._failed, self._child, native=self._native_shrink())
 
     def grow(self):
         """Collective over this communicator's ranks, at a point where every rank is (a step boundary): admit every
@@ -224,17 +224,29 @@ class Communicator:
             return None
 
         def native(color, rank: int, size: int, store, members: list):
-            made = self._ops.split(color, rank, store)
-            if made is None:
-                return None
-            impl, selector = made
-            if (impl.rank, impl.world_size) != (rank, size):
-                raise InternalError(f"the {self._backend} backend's split made rank {impl.rank} of {impl.world_size}; "
-                                    f"the ranks agreed on rank {rank} of {size} (members {members})")
-            _log.debug(f"rank {self._rank} is rank {rank} of {size} in a communicator of ranks {members} split off "
-                       f"by the {self._backend} backend")
-            return type(self)(rank=rank, world_size=size, backend=self._backend, impl=impl, store=store,
-                              timeout=self._timeout, selector=selector)
+            return self._adopt(self._ops.split(color, rank, store), rank, size, store, members, "split off")
+        return native
+
+    def _adopt(self, made, rank: int, size: int, store, members: list, how: str):
+        """A Communicator around (impl, selector) that the backend made from this one's (None stays None)."""
+        if made is None:
+            return None
+        impl, selector = made
+        if (impl.rank, impl.world_size) != (rank, size):
+            raise InternalError(f"the {self._backend} backend made rank {impl.rank} of {impl.world_size}; the ranks "
+                                f"agreed on rank {rank} of {size} (members {members})")
+        _log.debug(f"rank {self._rank} is rank {rank} of {size} in a communicator of ranks {members} {how} by the "
+                   f"{self._backend} backend")
+        return type(self)(rank=rank, world_size=size, backend=self._backend, impl=impl, store=store,
+                          timeout=self._timeout, selector=selector)
+
+    def _native_shrink(self):
+        """The backend's own shrink for groups.shrink (ncclCommShrink), where it can run now; else None."""
+        if self._failed or not self._ops.can_shrink():
+            return None
+
+        def native(gone: list, rank: int, size: int, store, members: list):
+            return self._adopt(self._ops.shrink(gone, store), rank, size, store, members, "shrunk")
         return native
 
     def _child(self, rank: int, size: int, store, members: list):

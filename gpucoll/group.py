@@ -9,8 +9,9 @@ parent's rendezvous store, then build the child with the parent's backend over a
 runs unchanged for the child, which shares nothing with the parent at run time, so parents and children (and
 siblings) may run collectives concurrently. A backend that can split its own communicator does that instead for
 split and subgroup (NCCL: ncclCommSplit, which sets the child up from the parent's bootstrap; Backend.can_split),
-once every rank said it can. Shrink always builds afresh: the survivors' NCCL communicator is a new init
-(ncclCommShrink is not used yet).
+once every rank said it can. Shrink likewise uses the backend's own shrink (ncclCommShrink) when every survivor
+can: when no survivor saw a failure (a rank left, exclude=); after a failure the survivors' NCCL communicator is a
+new init (the watchdog that named the dead rank aborted the old one).
 
 Agreement, and why each step is there:
 * split/subgroup: each rank publishes (color, key, what it was asked) under a key numbered by a shared counter, reads
@@ -144,8 +145,11 @@ def split(store, rank: int, world_size: int, timeout: float, color, key, build, 
     return build(members.index(rank), len(members), child_store, members)
 
 
-def shrink(store, rank: int, world_size: int, timeout: float, n: int, exclude, known_dead, build):
+def shrink(store, rank: int, world_size: int, timeout: float, n: int, exclude, known_dead, build, native=None):
     """The survivors' communicator: see the module docstring. `n` numbers this communicator's shrinks.
+    `native(gone, rank, size, store, survivors)`, when this rank's backend can shrink its own communicator
+    (ncclCommShrink: it saw no failure), makes it instead from the ranks that are `gone`; used only when every
+    survivor has it.
 
     Only requests the store answers at once (set, add, check, and get of a present key) are used: gpucoll's store
     answers a wait with the news that a rank left the job once one has, which is exactly the situation here. For the
@@ -158,7 +162,7 @@ def shrink(store, rank: int, world_size: int, timeout: float, n: int, exclude, k
         raise InvalidArgument(f"rank {rank} is in exclude: a rank that leaves does not call shrink")
     base = f"{_SHRINK}{n}/"
     claims = sorted(exclude | set(known_dead))
-    store.set_json(f"{base}here/{rank}", [claims, sorted(exclude), socket.gethostname()])
+    store.set_json(f"{base}here/{rank}", [claims, sorted(exclude), socket.gethostname(), native is not None])
     if store.add(f"{base}decider", 1) == 1:
         _decide(store, base, world_size, timeout)
     survivors = _poll_json(store, f"{base}decided", 2 * timeout + 5.0, "the survivors' list")
@@ -166,7 +170,12 @@ def shrink(store, rank: int, world_size: int, timeout: float, n: int, exclude, k
         raise InvalidUsage(f"rank {rank} reached shrink after the survivors {survivors} were decided without it "
                            f"(another rank named it dead, or it came later than the timeout)")
     new_rank = survivors.index(rank)
-    return build(new_rank, len(survivors), _survivors_store(store, base, new_rank, survivors, timeout), survivors)
+    new_store = _survivors_store(store, base, new_rank, survivors, timeout)
+    # Every survivor published its row before the list was decided, so each reads the same rows here.
+    if native is not None and all(store.get_json(f"{base}here/{q}", timeout=timeout)[3] for q in survivors):
+        gone = [q for q in range(world_size) if q not in survivors]
+        return native(gone, new_rank, len(survivors), new_store, survivors)
+    return build(new_rank, len(survivors), new_store, survivors)
 
 
 def _poll_json(store, key: str, timeout: float, what: str):

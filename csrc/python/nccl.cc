@@ -128,6 +128,8 @@ void bind_comm(py::module_& m) {
       .def("split", &NcclComm::split, py::arg("color"), py::arg("key"), py::call_guard<py::gil_scoped_release>(),
            "Collective over every rank (ncclCommSplit): the NcclComm of the ranks with the same color (>= 0), "
            "ordered by key; None for color -1.")
+      .def("shrink", &NcclComm::shrink, py::arg("exclude"), py::call_guard<py::gil_scoped_release>(),
+           "Collective over the ranks not in exclude (ncclCommShrink, NCCL >= 2.27): their NcclComm.")
       .def_property_readonly("blocking", &NcclComm::blocking)
       .def("reason", &NcclComm::reason, py::call_guard<py::gil_scoped_release>())
       .def("scratch", &NcclComm::scratch, py::call_guard<py::gil_scoped_release>())

@@ -97,6 +97,15 @@ class Backend(abc.ABC):
         `store`; None for color None, which takes part all the same."""
         raise Unsupported(f"split is not implemented by the {self.name} backend")
 
+    def can_shrink(self) -> bool:
+        """Whether shrink() below can run now (compared across the survivors, like can_split)."""
+        return False
+
+    def shrink(self, gone: list, store):
+        """Collective over the ranks not in `gone`, through the backend's own shrink (ncclCommShrink): (impl,
+        selector) of this rank's communicator among them, renumbered in rank order, over `store`."""
+        raise Unsupported(f"shrink is not implemented by the {self.name} backend")
+
     # -- teardown -------------------------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:
         """Stop at once without waiting for issued operations, where the implementation can; close() follows."""

@@ -319,11 +319,27 @@ class NcclBackend:
             child = self._comm.split(-1 if color is None else int(color), int(key))
         except GpucollError as e:
             raise self._native_failed(e, self._comm.issued) from None
-        if child is None:
-            return None
+        return None if child is None else self._adopted(child, store, "ncclCommSplit")
+
+    def can_shrink(self) -> bool:
+        """Whether shrink() can use ncclCommShrink: the loaded NCCL has it and this communicator is healthy (no
+        failure seen: NCCL_SHRINK_DEFAULT)."""
+        return (not self._closed and self._error is None and self._comm.usable and self._comm.group_depth == 0
+                and "ncclCommShrink" not in _nccl.load().get("missing_optional", ()))
+
+    def shrink(self, gone: list, store):
+        """Collective over the ranks not in `gone` (ncclCommShrink): this rank's NcclBackend among them."""
+        self._raise_if_failed()
+        try:
+            child = self._comm.shrink([int(q) for q in gone])
+        except GpucollError as e:
+            raise self._native_failed(e, self._comm.issued) from None
+        return self._adopted(child, store, "ncclCommShrink")
+
+    def _adopted(self, child, store, origin: str):
         made = NcclBackend(child, rank=child.rank, world_size=child.nranks, device=self.device, store=store,
                            prefix="gpucoll/nccl/0/", timeout=self._timeout)
-        made.origin = "ncclCommSplit"
+        made.origin = origin
         return made
 
     def abort(self, reason: str = "abort() was called") -> None:
@@ -488,6 +504,12 @@ class Nccl(Backend):
     def split(self, color, key: int, store):
         child = self.impl.split(color, key, store)
         return None if child is None else (child, None)
+
+    def can_shrink(self) -> bool:
+        return self.impl.can_shrink()
+
+    def shrink(self, gone: list, store):
+        return self.impl.shrink(gone, store), None
 
 
 # -- bootstrap ------------------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 GPU or on gpucoll's emulated device (its NCCL stand-in and kernels): every collective exact on the new
 communicators (DeviceArray buffers), and the ranks that stay shrink without one that left. The protocols are the
 host backend's (tests/distributed/test_groups.py, test_shrink.py, where ranks are also SIGKILLed); here NCCL's
-children of split/subgroup come from ncclCommSplit (checked: blocking like their parent), the shrunk communicators
-from a new init, and the custom kernels' children from new peer memory. Not here: recovery from a SIGKILLed rank on
+children of split/subgroup come from ncclCommSplit (checked: blocking like their parent), the shrunk ones from
+ncclCommShrink (no failure was seen), and the custom kernels' children from new peer memory. Not here: recovery from a SIGKILLed rank on
 the GPU backends (on the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ def _shrink_worker(comm, leaving: int) -> dict:
     new = comm.shrink(exclude=[leaving])
     survivors = [q for q in range(comm.world_size) if q != leaving]
     out = {"shape": (new.rank, new.world_size)}
+    if comm.backend == "nccl" and new._impl.origin != "ncclCommShrink":
+        out["origin"] = new._impl.origin
     out["fails"] = helpers.every_collective(new, survivors, f"{comm.backend} shrunk", n=257, put=PUT, get=GET)
     new.close()
     return out
@@ -85,4 +87,5 @@ def test_shrink_without_a_rank_that_left(backend, monkeypatch):
     assert results[1] is None
     for q in (0, 2):
         assert results[q]["shape"] == ([0, 2].index(q), 2), results
+        assert "origin" not in results[q], f"rank {q}'s NCCL communicator came from {results[q]['origin']}, not ncclCommShrink"
         assert not results[q]["fails"], helpers.format_failures(results[q]["fails"])

@@ -111,6 +111,9 @@ static_assert(sizeof(gpucoll::ncclUniqueId) == sizeof(::ncclUniqueId), "ncclUniq
 static_assert(gpucoll::kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES, "NCCL_UNIQUE_ID_BYTES");
 static_assert(gpucoll::kNcclConfigUndefInt == NCCL_CONFIG_UNDEF_INT, "NCCL_CONFIG_UNDEF_INT");
 static_assert(gpucoll::kNcclApiMagic == NCCL_API_MAGIC, "NCCL_API_MAGIC");
+static_assert(gpucoll::kNcclSplitNoColor == NCCL_SPLIT_NOCOLOR, "NCCL_SPLIT_NOCOLOR");
+static_assert(gpucoll::kNcclShrinkDefault == NCCL_SHRINK_DEFAULT, "NCCL_SHRINK_DEFAULT");
+static_assert(gpucoll::kNcclShrinkAbort == NCCL_SHRINK_ABORT, "NCCL_SHRINK_ABORT");
 static_assert(gpucoll::nccl_version_code(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH) == NCCL_VERSION_CODE, "NCCL_VERSION");
 static_assert(gpucoll::nccl_version_code(2, 8, 4) == NCCL_VERSION(2, 8, 4), "NCCL_VERSION, old scheme");
 

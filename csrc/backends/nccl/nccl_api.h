@@ -79,6 +79,10 @@ enum ncclScalarResidence_t : int {
 
 constexpr int kNcclConfigUndefInt = INT_MIN;
 constexpr unsigned int kNcclApiMagic = 0xcafebeefu;
+constexpr int kNcclSplitNoColor = -1;  // NCCL_SPLIT_NOCOLOR
+// ncclCommShrink's flags: a healthy parent with nothing in flight; or one whose operations must be aborted first.
+constexpr int kNcclShrinkDefault = 0;  // NCCL_SHRINK_DEFAULT
+constexpr int kNcclShrinkAbort = 1;    // NCCL_SHRINK_ABORT
 
 // The communicator configuration as NCCL 2.18 laid it out. NCCL reads `size` first and copies only that
 // many bytes (capped at its own sizeof), and `version` tells it which fields the caller knew about; fields
@@ -174,6 +178,9 @@ using PFN_ncclCommInitRankConfig = ncclResult_t (*)(ncclComm_t* comm, int nranks
 using PFN_ncclCommFinalize = ncclResult_t (*)(ncclComm_t comm);
 using PFN_ncclCommSplit = ncclResult_t (*)(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                            ncclConfig_t* config);
+// NCCL >= 2.27: the communicator of the ranks not in excludeRanksList, called by those ranks only.
+using PFN_ncclCommShrink = ncclResult_t (*)(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 using PFN_ncclCommDestroy = ncclResult_t (*)(ncclComm_t comm);
 using PFN_ncclCommAbort = ncclResult_t (*)(ncclComm_t comm);
 using PFN_ncclCommGetAsyncError = ncclResult_t (*)(ncclComm_t comm, ncclResult_t* asyncError);
@@ -237,6 +244,7 @@ using PFN_ncclScatter = ncclResult_t (*)(const void* sendbuff, void* recvbuff, s
   X(ncclRedOpCreatePreMulSum, true) \
   X(ncclRedOpDestroy, true)         \
   X(ncclCommSplit, false)           \
+  X(ncclCommShrink, false)          \
   X(ncclAlltoAll, false)            \
   X(ncclGather, false)              \
   X(ncclScatter, false)

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -156,6 +157,10 @@ class NcclComm {
   // under the timeout like init. color -1 (NCCL_SPLIT_NOCOLOR) takes part and gets nullptr. Unsupported where the
   // loaded NCCL has no ncclCommSplit.
   std::unique_ptr<NcclComm> split(int color, int key);
+  // Collective over the ranks not in `exclude` (ncclCommShrink, NCCL >= 2.27, NCCL_SHRINK_DEFAULT: nothing of this
+  // communicator may be in flight): their communicator, renumbered in rank order, in this one's mode. Unsupported
+  // where the loaded NCCL has no ncclCommShrink.
+  std::unique_ptr<NcclComm> shrink(const std::vector<int>& exclude);
 
   // The watchdog's view; never throws for NCCL/CUDA states (they are reported in the result).
   PollResult poll();
@@ -202,6 +207,11 @@ class NcclComm {
 
   // Adopts a communicator NCCL made from this one (split): polls it ready, reads its rank and size.
   NcclComm(ncclComm_t adopted, int device, double timeout_s, bool blocking, const std::string& what);
+  // Starts NCCL's making of a child into `slot` with `config` (ncclCommSplit, ncclCommShrink).
+  using ChildStart = std::function<ncclResult_t(ncclComm_t* slot, ncclConfig_t* config)>;
+  // Runs `start` with call_mu_ held and polls it done under the timeout; the child (nullptr only if !want_child).
+  ncclComm_t child_locked(const char* call, const ChildStart& start, int blocking, bool want_child,
+                          const std::string& what);
   // ncclCommSplit with call_mu_ held; the child, or nullptr for color -1.
   ncclComm_t split_locked(int color, int key, int blocking, const std::string& what);
   void check_usable(const char* what) const;

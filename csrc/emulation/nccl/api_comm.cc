@@ -1,7 +1,6 @@
 // The communicator's life cycle with NCCL's entry points and semantics: version, error strings, the unique id, init
-// (blocking, or non-blocking on a thread of its own, reporting ncclInProgress until done), ncclCommSplit (collective
-// over the parent, in the parent's mode, the child written to *newcomm when it is ready), finalize, destroy, abort
-// (which ends work waiting for peers) and the asynchronous state.
+// (blocking, or non-blocking on a thread of its own, reporting ncclInProgress until done), finalize, destroy, abort
+// (which ends work waiting for peers) and the asynchronous state. Split and shrink: api_split.cc.
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +40,8 @@ void log_line(const char* level, const std::string& text) {
 }
 
 // The parts of ncclConfig_t this library reads; false (with `error`) for a config not made by NCCL_CONFIG_INITIALIZER.
+}  // namespace
+
 bool read_config(const ncclConfig_t* config, int fallback_blocking, int* blocking, std::string* error) {
   *blocking = fallback_blocking;
   if (config == nullptr) return true;
@@ -64,12 +65,12 @@ bool read_config(const ncclConfig_t* config, int fallback_blocking, int* blockin
 }
 
 // Whether this process lets ranks share a GPU: NCCL >= 2.30 with its NCCL_MULTI_RANK_GPU_ENABLE=1.
-bool multi_rank_ok() {
+static bool multi_rank_ok() {
   const char* env = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
   return version() >= 23000 && env != nullptr && std::string(env) == "1";
 }
 
-void wait_for_abort(Comm& c) {
+static void wait_for_abort(Comm& c) {
   while (!c.aborted.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
@@ -84,7 +85,7 @@ RankInfo my_info(const Comm& c) {
   return i;
 }
 
-ncclResult_t check_gpus(const Comm& c, const std::vector<RankInfo>& all, std::string* error) {
+static ncclResult_t check_gpus(const Comm& c, const std::vector<RankInfo>& all, std::string* error) {
   for (const RankInfo& other : all) {
     if (other.rank == c.rank || other.device != c.device) continue;
     if (!multi_rank_ok()) {
@@ -109,7 +110,7 @@ ncclResult_t finish_setup(Comm& c, std::string* error) {
   return ncclSuccess;
 }
 
-void init_job(const std::shared_ptr<Comm>& cp, ncclUniqueId id) {
+static void init_job(const std::shared_ptr<Comm>& cp, ncclUniqueId id) {
   Comm& c = *cp;
   DeviceScope scope(c.device);
   if (fault_at_init(c.rank)) {
@@ -139,7 +140,7 @@ void start_job(Comm& c, std::function<void()> body) {
   });
 }
 
-void join_job(Comm& c) {
+static void join_job(Comm& c) {
   std::shared_ptr<Job> job;
   {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -158,74 +159,6 @@ std::shared_ptr<Comm> new_comm(int rank, int nranks, int device, int blocking) {
   cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, device);
   return c;
 }
-
-// The parent's part of a split: everyone's (color, key), then the child's mailboxes, both gathered over the parent.
-ncclResult_t split_job(const std::shared_ptr<Comm>& parent, uint64_t ticket, int color, int key, int child_blocking,
-                       ncclComm_t* newcomm, std::string* error_out) {
-  Comm& p = *parent;
-  DeviceScope scope(p.device);
-  ++p.running;
-  std::string error;
-  ncclResult_t r = ncclSuccess;
-  std::shared_ptr<Comm> child;
-  if (wait_turn(p, ticket)) {
-    std::lock_guard<std::mutex> exec(p.exec_mu);
-    RankInfo mine = my_info(p);
-    mine.color = color;
-    mine.key = key;
-    std::vector<RankInfo> all(static_cast<size_t>(p.nranks));
-    auto allgather = [&](RankInfo* in, RankInfo* out) {
-      Task t;
-      t.coll = Coll::kAllGather;
-      t.send = in;
-      t.recv = out;
-      t.count = sizeof(RankInfo);
-      t.type = ncclUint8;
-      return execute(p, {t}, &error);
-    };
-    r = allgather(&mine, all.data());
-    std::vector<int> members;  // parent ranks of my child, in child rank order
-    if (r == ncclSuccess && color != -1) {
-      for (const RankInfo& i : all) {
-        if (i.color == color) members.push_back(i.rank);
-      }
-      std::stable_sort(members.begin(), members.end(),
-                       [&](int a, int b) { return all[a].key < all[b].key; });
-      const int me = static_cast<int>(std::find(members.begin(), members.end(), p.rank) - members.begin());
-      child = new_comm(me, static_cast<int>(members.size()), p.device, child_blocking);
-      RankInfo cm = my_info(*child);
-      r = transport_alloc(*child, &cm, &error);
-      cm.color = color;
-      mine = cm;
-    }
-    std::vector<RankInfo> handles(static_cast<size_t>(p.nranks));
-    if (r == ncclSuccess) r = allgather(&mine, handles.data());
-    if (r == ncclSuccess && child) {
-      std::vector<RankInfo> table;
-      for (int m : members) table.push_back(handles[static_cast<size_t>(m)]);
-      r = transport_connect(*child, table, &error);
-      if (r == ncclSuccess) r = finish_setup(*child, &error);
-    }
-  }
-  finish_turn(p, ticket);
-  --p.running;
-  if (p.aborted.load()) {
-    if (child) release(*child);
-    *error_out = "the parent communicator was aborted";
-    return ncclInvalidUsage;
-  }
-  if (r == ncclSuccess && child) {
-    auto* h = new gpucoll::ncclComm();
-    h->comm = child;
-    __atomic_store_n(newcomm, h, __ATOMIC_RELEASE);  // NCCL writes the child when the split is done
-  } else if (child) {
-    release(*child);
-  }
-  if (r != ncclSuccess) *error_out = "ncclCommSplit on rank " + std::to_string(p.rank) + ": " + error;
-  return r;
-}
-
-}  // namespace
 
 int version() {
   static const int v = [] {
@@ -460,41 +393,6 @@ NCCLEMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncc
 
 NCCLEMU_API ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
   return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);
-}
-
-NCCLEMU_API ncclResult_t ncclCommSplit(ncclComm_t h, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
-  ncclResult_t err;
-  Comm* pc = checked(h, "ncclCommSplit", &err);
-  if (pc == nullptr) return err;
-  if (newcomm == nullptr) return warn(ncclInvalidArgument, "ncclCommSplit : newcomm argument is NULL");
-  if (const ncclResult_t r = ensure_ready(*pc, "ncclCommSplit")) return r;
-  *newcomm = nullptr;
-  if (color < 0 && color != -1) {
-    return warn(ncclInvalidArgument, "ncclCommSplit : color must be >= 0 or NCCL_SPLIT_NOCOLOR; got " +
-                                         std::to_string(color));
-  }
-  int child_blocking = pc->blocking ? 1 : 0;
-  std::string error;
-  if (!read_config(config, child_blocking, &child_blocking, &error)) {
-    return warn(ncclInvalidArgument, "ncclCommSplit : " + error);
-  }
-  std::shared_ptr<Comm> parent = h->comm;
-  uint64_t ticket;
-  {
-    std::lock_guard<std::mutex> lock(parent->launch_mu);
-    ticket = parent->next_ticket++;
-  }
-  if (parent->blocking) {
-    const ncclResult_t r = split_job(parent, ticket, color, key, child_blocking, newcomm, &error);
-    return r == ncclSuccess ? r : warn(r, error);
-  }
-  parent->async = ncclInProgress;
-  start_job(*parent, [=] {
-    std::string text;
-    const ncclResult_t r = split_job(parent, ticket, color, key, child_blocking, newcomm, &text);
-    if (!parent->aborted.load()) set_async(*parent, r, text);
-  });
-  return ncclInProgress;
 }
 
 NCCLEMU_API ncclResult_t ncclCommGetAsyncError(ncclComm_t h, ncclResult_t* state) {

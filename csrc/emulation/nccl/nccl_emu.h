@@ -27,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -182,6 +183,15 @@ struct Comm {
   bool released = false;                // guarded by release_mu
 };
 
+// ncclConfig_t's blocking field (`fallback_blocking` where unset); false with `error` for a malformed config.
+bool read_config(const ncclConfig_t* config, int fallback_blocking, int* blocking, std::string* error);
+// This process's record for the rendezvous and splits (rank, device, pid, version; transport fields unset).
+RankInfo my_info(const Comm& c);
+// A communicator's state before its transport exists; its events once the transport is connected.
+std::shared_ptr<Comm> new_comm(int rank, int nranks, int device, int blocking);
+ncclResult_t finish_setup(Comm& c, std::string* error);
+// Runs `body` as the communicator's job: on a thread of its own, joined by async_state, abort or destroy.
+void start_job(Comm& c, std::function<void()> body);
 // Sets the communicator's asynchronous state; an error already there stays (NCCL keeps the first).
 void set_async(Comm& c, ncclResult_t r, const std::string& text = "");
 // Waits, checking abort, until every plan launched so far executed; false when aborted meanwhile.
