@@ -265,17 +265,12 @@ def join(store, timeout: float, build):
     return build(rank, size, _fresh_store(store, base, rank, set(), timeout), list(range(size)))
 
 
-def _lost_ranks(store, base: str) -> set:
+def _lost_ranks(store) -> set:
     """Ranks gpucoll's store saw die (their process exited, their connection closed), by this communicator's
-    numbering: only where the store is this communicator's own (a prefixed view numbers ranks of another one).
-    Asked with a wait for a key nobody sets: the store answers a wait with the ranks it lost."""
+    numbering: only where the store is this communicator's own (a prefixed view numbers ranks of another one)."""
     if not isinstance(store, TCPStore):
         return set()
-    try:
-        store.get(f"{base}lost-probe", timeout=0.001)
-    except CollectiveTimeout as e:
-        return set(e.ranks or ())
-    return set()
+    return set(store.lost())
 
 
 def _decide(store, base: str, world_size: int, timeout: float) -> None:
@@ -289,7 +284,7 @@ def _decide(store, base: str, world_size: int, timeout: float) -> None:
             if q not in arrived and store.check([f"{base}here/{q}"]):
                 arrived[q] = store.get_json(f"{base}here/{q}")
         if polls % 10 == 0:
-            lost |= _lost_ranks(store, base)
+            lost |= _lost_ranks(store)
         polls += 1
         dead = lost | {d for row in arrived.values() for d in row[0]}
         waiting = [q for q in range(world_size) if q not in arrived and q not in dead]

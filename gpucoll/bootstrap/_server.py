@@ -471,6 +471,11 @@ class Server:
             if failed and conn.rank is not None and not self._lost:  # else its error is a consequence
                 self._mark_lost(conn.rank, "it gave up after an error of its own")
             return None
+        elif op == w._OP_LOST:
+            r.end()
+            out.u8(w._ST_OK).u32(len(self._lost))
+            for rank, why in self._lost.items():
+                out.i32(rank).str(why)
         else:
             raise w._ProtocolError(f"unknown opcode {op}")
         return out.frame()

@@ -26,7 +26,7 @@ from gpucoll.errors import InvalidArgument
 
 MAGIC = b"GCS1"
 HELLO_MAGIC = b"GCS2"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: _OP_LOST
 NONCE_BYTES = MAC_BYTES = 32
 HELLO_BYTES = len(HELLO_MAGIC) + 1 + NONCE_BYTES  # what the server sends first
 RESPONSE_BYTES = len(HELLO_MAGIC) + NONCE_BYTES + MAC_BYTES  # the client's answer
@@ -39,7 +39,7 @@ _HANDSHAKE_TIMEOUT = 5.0  # a connection that has not authenticated within this 
 _REPLY_GRACE = 10.0  # client waits this long beyond a blocking op's own timeout before blaming the network
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_WAIT, _OP_REGISTER, _OP_BYE = range(1, 9)
+_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_WAIT, _OP_REGISTER, _OP_BYE, _OP_LOST = range(1, 10)
 _ST_OK, _ST_TIMEOUT, _ST_ERROR, _ST_LOST = 0, 1, 2, 3
 
 

@@ -35,6 +35,7 @@ from gpucoll.bootstrap._wire import (
     _OP_CHECK,
     _OP_DELETE,
     _OP_GET,
+    _OP_LOST,
     _OP_REGISTER,
     _OP_SET,
     _OP_WAIT,
@@ -348,6 +349,16 @@ class TCPStore:
     def check(self, keys) -> bool:
         """True when every key in ``keys`` (a str or an iterable of str) exists. Does not wait."""
         return all(self._present(self._keys(keys)))
+
+    def lost(self) -> dict:
+        """{rank: why} for the ranks the store saw leave the job (their process exited, or their connection closed
+        for good), in the order it saw them go. Does not wait."""
+        r = self._request(_Writer().u8(_OP_LOST), self.timeout)
+        out = {}
+        for _ in range(r.u32()):
+            rank = r.i32()
+            out[rank] = r.str()
+        return out
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; returns whether it existed."""

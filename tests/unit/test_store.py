@@ -397,12 +397,15 @@ def test_a_registered_rank_that_dies_is_named_at_once(server):
     p.start()
     try:
         server.get("up/3", timeout=30)
+        assert server.lost() == {}  # asked without waiting
         threading.Timer(0.2, os.kill, args=(p.pid, 9)).start()
         t0 = time.monotonic()
         with pytest.raises(CollectiveTimeout) as e:
             server.get("never", timeout=30)
         assert time.monotonic() - t0 < 5, "named only at the timeout"
         assert e.value.ranks == (3,) and "rank 3 left the job" in str(e.value) and "has exited" in str(e.value)
+        lost = server.lost()
+        assert list(lost) == [3] and "has exited" in lost[3], lost
         with pytest.raises(CollectiveTimeout, match="rank 3"):  # later waits too, at once
             server.wait(["never"], timeout=30)
         assert server.get("up/3") == b"1"  # what is there is still served
