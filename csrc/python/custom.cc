@@ -1,6 +1,6 @@
 // Bindings of the custom allreduce: the host-side decisions (every build: launch shapes, eligibility,
 // residency limit) and, in CUDA builds, the communicator, streams, events and multi-stream graphs used by
-// gpucoll/_custom_backend.py and gpucoll/testing.py. A build without CUDA binds CustomComm and the CUDA
+// gpucoll/backends/custom.py and gpucoll/testing.py. A build without CUDA binds CustomComm and the CUDA
 // helpers as functions raising Unsupported with how to get a CUDA build.
 #include <pybind11/stl.h>
 

@@ -445,7 +445,7 @@ def run_rank(comm, params: Params) -> dict:
 def run_local(fn, p: Params, n: int, args: tuple) -> list:
     """fn(comm, *args) on `n` local ranks of p.backend, results in rank order: one rank in this process, more as
     spawned processes (nccl: as gpucoll.spawn places them, several on one GPU where NCCL allows), custom as
-    virtual ranks in this process (bench/virtual.py)."""
+    virtual ranks in this process (gpucoll/bench/virtual.py)."""
     if p.backend == "custom":
         p.launch = "virtual"
         return virtual.run(fn, n, args, p.timeout)

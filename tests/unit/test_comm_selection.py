@@ -1,4 +1,4 @@
-"""The Communicator's per-call choice on the custom backend: each call goes where gpucoll/_select.py sends it.
+"""The Communicator's per-call choice on the custom backend: each call goes where gpucoll/backends/select.py sends it.
 
 The custom backend needs a GPU, so its implementation object is a recording stand-in here; the selector is the
 real one, on recorded topologies. What is checked is the wiring: which of the backend's two paths (our kernels or

@@ -1,4 +1,4 @@
-"""The per-communicator selector (gpucoll/_select.py) on recorded topologies with faked backend availability."""
+"""The per-communicator selector (gpucoll/backends/select.py) on recorded topologies with faked backend availability."""
 
 from __future__ import annotations
 

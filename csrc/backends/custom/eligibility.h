@@ -5,7 +5,7 @@
 // Every fact here is the same on every rank for the same call (node layout, the P2P matrix every rank
 // agreed on, dtype, op, count, whether the input buffer was registered collectively), except the pointers'
 // alignment: a misaligned pointer on one rank only would split the ranks between two backends, so the
-// caller treats an alignment decline as an argument error (see _custom_backend.py).
+// caller treats an alignment decline as an argument error (see gpucoll/backends/custom.py).
 #pragma once
 
 #include <cstddef>

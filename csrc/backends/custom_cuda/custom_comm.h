@@ -1,6 +1,6 @@
 // One rank of gpucoll's own allreduce over peer memory: its memory, its peers' mappings, registered buffers,
 // and the launch of one call (algorithm, launch shape, pieces). Bound as gpucoll._C.CustomComm; the Python side
-// (gpucoll/_custom_backend.py, gpucoll/testing.py) does the rendezvous, eligibility and NCCL fallback.
+// (gpucoll/backends/custom.py, gpucoll/testing.py) does the rendezvous, eligibility and NCCL fallback.
 //
 // Two ways to connect P ranks:
 //   connect_ipc    one process per rank (several GPUs, or several processes on one GPU): handles exchanged

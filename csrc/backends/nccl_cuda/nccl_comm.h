@@ -1,7 +1,7 @@
 // The NCCL communicator: one ncclComm_t created non-blocking, every gpucoll collective mapped onto NCCL's,
 // operations tracked with CUDA events for a watchdog, and failure paths that abort instead of hanging.
 //
-// Threads. The owning (user) thread issues operations; a watchdog thread (gpucoll/_nccl_backend.py) calls
+// Threads. The owning (user) thread issues operations; a watchdog thread (gpucoll/backends/nccl.py) calls
 // poll() and may call abort() at any time. Operations hold call_mu_ only while they enqueue work (never
 // while the GPU runs it); their waits on NCCL's ncclInProgress state check abort_requested_ so that an
 // abort from the watchdog gets the mutex within one poll step. comm_ is additionally guarded by comm_mu_,
