@@ -88,7 +88,10 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
     if backend in ("auto", "nccl"):
         # Decided here, before any worker starts: a missing GPU or NCCL is one clear error, not N failed ranks.
         # (The CUDA probe initialises the driver in this process, which is safe: workers are spawned, not forked.)
-        backend, worker_env = nccl.spawn_plan(nranks, backend)
+        planned, worker_env = nccl.spawn_plan(nranks, backend)
+        # 'auto' that can use NCCL stays 'auto' in the workers, so that their communicators also take CPU buffers
+        # (backends/with_host.py), as init(backend='auto') does; the plan's environment makes NCCL work there.
+        backend = "auto" if backend == "auto" and planned == "nccl" else planned
     elif backend == "custom":
         # Ranks beyond the GPU count share GPUs through CUDA IPC (correct, slow); NCCL, the fallback, may too.
         backend, worker_env = custom.spawn_plan(nranks)

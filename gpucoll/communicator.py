@@ -20,6 +20,7 @@ from gpucoll.backends.base import (
     SCATTER,
 )
 from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
+from gpucoll.backends.with_host import WithHost
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
 from gpucoll.bootstrap.store import TCPStore
@@ -58,7 +59,7 @@ class Communicator:
     """A group of ranks that run collectives together. Build one with ``gpucoll.init`` or ``gpucoll.spawn``."""
 
     def __init__(self, *, rank: int, world_size: int, backend: str, impl, store, timeout: float,
-                 local_size: int = 0, selector=None, chosen: bool = False):
+                 local_size: int = 0, selector=None, chosen: bool = False, make_host=None):
         self._rank = rank
         self._world_size = world_size
         self._backend = backend
@@ -78,6 +79,8 @@ class Communicator:
         # Everything that depends on the backend (gpucoll/backends/base.py); impl is its implementation object.
         self._ops = backends.wrap(backend, impl, rank=rank, world_size=world_size, local_size=local_size,
                                   selector=selector, chosen=chosen)
+        if make_host is not None:  # backend='auto' on a GPU: CPU buffers on a host communicator (with_host.py)
+            self._ops = WithHost(self._ops, make_host)
 
     # -- properties ---------------------------------------------------------------------------------------
     @property
@@ -238,7 +241,9 @@ class Communicator:
         _log.debug(f"rank {self._rank} is rank {rank} of {size} in a communicator of ranks {members} {how} by the "
                    f"{self._backend} backend")
         return type(self)(rank=rank, world_size=size, backend=self._backend, impl=impl, store=store,
-                          timeout=self._timeout, selector=selector)
+                          timeout=self._timeout, selector=selector,
+                          make_host=_host_maker(_store_launch(rank, size), store, self._timeout)
+                          if isinstance(self._ops, WithHost) else None)
 
     def _native_shrink(self):
         """The backend's own shrink for groups.shrink (ncclCommShrink), where it can run now; else None."""
@@ -251,12 +256,11 @@ class Communicator:
 
     def _child(self, rank: int, size: int, store, members: list):
         """The communicator of a split, subgroup or shrink: this one's backend, device and timeout, over `store`."""
-        launch = LaunchInfo(rank=rank, world_size=size, local_rank=0, local_world_size=1, address="", port=0,
-                            launcher="store")
         device = self._ops.device
         index = int(device.split(":")[1]) if device.startswith("cuda:") else None
         _log.debug(f"rank {self._rank} is rank {rank} of {size} in a new communicator of ranks {members}")
-        return _build(launch, store, self._backend, self._timeout, 0, index, self._backend)
+        return _build(_store_launch(rank, size), store, self._backend, self._timeout, 0, index, self._backend,
+                      with_host=isinstance(self._ops, WithHost))
 
     def all_reduce(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` element-wise across ranks with `op`; every rank gets the result.
@@ -522,9 +526,8 @@ def join(address: str, port: int, *, backend: str = "auto", timeout: float = 300
     store = TCPStore(address, port, is_server=False, timeout=timeout, secret=secret)
     try:
         def build(rank, size, new_store, members):
-            launch = LaunchInfo(rank=rank, world_size=size, local_rank=0, local_world_size=1, address="", port=0,
-                                launcher="store")
-            return _build(launch, new_store, kind, timeout, 0, device, kind)
+            return _build(_store_launch(rank, size), new_store, kind, timeout, 0, device, kind,
+                          with_host=backend == "auto")
 
         return groups.join(store, timeout, build)
     finally:
@@ -544,13 +547,33 @@ def _check_common(backend, timeout, local_size, device):
     return kind, local_size
 
 
-def _build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"
-           ) -> Communicator:
-    """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator."""
+def _build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto",
+           with_host: bool | None = None) -> Communicator:
+    """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator.
+    `with_host`: CPU buffers go to a host communicator built on demand (backends/with_host.py); by default when
+    backend='auto' (and no GPUCOLL_BACKEND) resolved to a GPU backend."""
     kind, impl, selector, chosen = backends.build(launch, store, kind, timeout, local_size, device, requested)
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
+    if with_host is None:
+        with_host = requested == "auto" and not config.get("GPUCOLL_BACKEND").strip()
+    make_host = _host_maker(launch, store, timeout) if with_host and kind != "host" else None
     return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
-                        timeout=timeout, local_size=local_size, selector=selector, chosen=chosen)
+                        timeout=timeout, local_size=local_size, selector=selector, chosen=chosen, make_host=make_host)
+
+
+def _host_maker(launch, store, timeout: float):
+    """make_host for WithHost: the host Backend of these ranks over `store`, built by every rank together."""
+    def make_host():
+        impl, selector = backends.REGISTRY["host"].create(launch, store, timeout=timeout, local_size=0, device=None)
+        _log.debug(f"rank {launch.rank}: CPU buffers run on a host communicator (backend='auto' on a GPU)")
+        return backends.wrap("host", impl, rank=launch.rank, world_size=launch.world_size, selector=selector)
+    return make_host
+
+
+def _store_launch(rank: int, size: int) -> LaunchInfo:
+    """The launch description of a communicator made over an existing store (split, shrink, grow, join)."""
+    return LaunchInfo(rank=rank, world_size=size, local_rank=0, local_world_size=1, address="", port=0,
+                      launcher="store")
 
 
 def init_from_store(store, rank: int, world_size: int, *, backend: str = "auto", timeout: float = 300.0,

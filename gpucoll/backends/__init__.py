@@ -16,13 +16,13 @@ custom backend's per-call choice between its kernels and NCCL, from the topology
 
 from __future__ import annotations
 
-from gpucoll import config
+from gpucoll import _log, config
 from gpucoll._native import _C
 from gpucoll.backends import host
 from gpucoll.backends.custom import Custom
 from gpucoll.backends.host import Host
 from gpucoll.backends.nccl import Nccl
-from gpucoll.backends.usable import custom_takes_auto, resolve
+from gpucoll.backends.usable import auto_placement_problem, custom_takes_auto, resolve
 from gpucoll.errors import InvalidArgument
 
 REGISTRY = {cls.name: cls for cls in (Host, Nccl, Custom)}
@@ -42,8 +42,13 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
     2-8 ranks with a GPU each (chosen=True). The store is closed again if the backend cannot be built."""
     host.stage("build")
     _C.set_log_rank(launch.rank)
-    chosen = (requested == "auto" and kind == "nccl" and not config.get("GPUCOLL_BACKEND").strip()
-              and custom_takes_auto(launch.world_size))
+    auto = requested == "auto" and not config.get("GPUCOLL_BACKEND").strip()
+    if auto and kind == "nccl":
+        why = auto_placement_problem(launch.local_world_size, device)
+        if why:
+            _log.info(f"backend='auto' uses the host backend: {why}")
+            kind = "host"
+    chosen = auto and kind == "nccl" and custom_takes_auto(launch.world_size)
     if chosen:
         kind = "custom"
     try:

@@ -116,6 +116,19 @@ def custom_takes_auto(world_size: int) -> bool:
 
 # -- which GPU ------------------------------------------------------------------------------------------------------
 
+def auto_placement_problem(local_world_size: int, device) -> str:
+    """Why backend='auto' cannot give this node's ranks NCCL ("" when it can): more local ranks than GPUs, no
+    device= and ranks not allowed to share a GPU. Then 'auto' means the host backend, where init() would otherwise
+    fail on the second rank with an error about GPUs the job never asked for."""
+    if device is not None:
+        return ""
+    count = int(_C.cuda_probe()["device_count"])
+    if local_world_size <= count or multi_rank_enabled(int(_nccl.load()["version"])):
+        return ""
+    return (f"{local_world_size} ranks on this node and {count} GPU(s), and ranks may not share a GPU (NCCL >= 2.30 "
+            f"with {MULTI_RANK_ENV}=1)")
+
+
 def multi_rank_enabled(version: int, env=None) -> bool:
     """Whether ranks may share a GPU: NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL's own switch)."""
     env = os.environ if env is None else env

@@ -1,0 +1,129 @@
+"""backend='auto' on a GPU machine: CUDA buffers on the GPU backend (nccl or custom), CPU buffers on the host backend.
+
+torch.distributed's default group does the same (gloo for CPU tensors, NCCL for CUDA ones), and without it the
+first NumPy example a user tries fails on any GPU machine, where 'auto' picks NCCL. Explicit backends keep their
+rule: backend='nccl' refuses CPU buffers, backend='host' CUDA ones.
+
+The host communicator is built over the communicator's rendezvous store on the first call with CPU buffers. That
+build is collective, and it is safe where it happens: ranks match collectives by order, so every rank makes that
+same call at the same point of its program and builds there. A rank that passes CPU buffers where the others pass
+CUDA ones waits in the build and raises CollectiveTimeout (the others time out in the GPU call) instead of hanging.
+A GPU-only job never builds it. Inside group(): the host backend's group opens when the first CPU-buffer operation
+of the outermost group arrives and closes with it, so its sends and receives progress together like the GPU ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from gpucoll.backends.base import Backend
+from gpucoll.errors import InvalidArgument, InvalidUsage
+
+
+class WithHost(Backend):
+    """A GPU backend, with a host backend built on demand for CPU buffers (see the module docstring)."""
+
+    on_gpu = True
+
+    def __init__(self, gpu: Backend, make_host):
+        """`gpu`: the communicator's Backend; `make_host()`: the host Backend, built by every rank together."""
+        super().__init__(gpu.impl, rank=gpu.rank, world_size=gpu.world_size, local_size=gpu.local_size,
+                         selector=gpu.selector, chosen=gpu.chosen)
+        self.name = gpu.name
+        self.gpu, self.host = gpu, None
+        self._make_host = make_host
+        self._depth = 0  # group() nesting
+        self._stack = None  # the outermost group's contexts, while it is open
+        self._host_grouped = False
+
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device):
+        raise InvalidUsage("WithHost wraps a built backend; it is not in the registry")
+
+    def _for(self, buf) -> Backend:
+        if buf.device != "cpu":
+            return self.gpu
+        if self.host is None:
+            self.host = self._make_host()
+        if self._stack is not None and not self._host_grouped:
+            self._stack.enter_context(self.host.group())
+            self._host_grouped = True
+        return self.host
+
+    # -- placement ------------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return self.gpu.device
+
+    def check_buffer(self, buf, arg: str) -> None:
+        self._for(buf).check_buffer(buf, arg)
+
+    def check_out(self, src, dst) -> None:
+        if (src.device == "cpu") != (dst.device == "cpu"):
+            raise InvalidArgument(f"out must be in the same memory as x (x is on {src.device}, out on {dst.device}): "
+                                  f"CPU buffers run on the host backend, CUDA buffers on the {self.gpu.name} backend")
+        self._for(src).check_out(src, dst)
+
+    # -- operations -----------------------------------------------------------------------------------------------
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        return self._for(src).collective(coll, algo, src, dst, count, redop, root, stream, async_op)
+
+    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
+        return self._for(buf).p2p(send, peer, buf, stream, async_op)
+
+    @contextlib.contextmanager
+    def group(self):
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._depth = 1
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.gpu.group())
+            self._stack, self._host_grouped = stack, False
+            try:
+                yield
+            finally:
+                # Leaving the stack ends the host group (if one opened) and then the GPU one, each running what it
+                # queued, also when the block raised.
+                self._stack, self._depth = None, 0
+
+    def barrier(self) -> None:
+        self.gpu.barrier()
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        return self.gpu.algorithm_for(coll, nbytes, dtype, algo)
+
+    def registrar(self, what: str):
+        return self.gpu.registrar(what)
+
+    # -- new communicators from this one --------------------------------------------------------------------------
+    def can_split(self) -> bool:
+        return self.gpu.can_split()
+
+    def split(self, color, key: int, store):
+        return self.gpu.split(color, key, store)
+
+    def can_shrink(self) -> bool:
+        return self.gpu.can_shrink()
+
+    def shrink(self, gone: list, store):
+        return self.gpu.shrink(gone, store)
+
+    # -- teardown -------------------------------------------------------------------------------------------------
+    def abort(self, reason: str) -> None:
+        try:
+            if self.host is not None:
+                self.host.abort(reason)
+        finally:
+            self.gpu.abort(reason)
+
+    def close(self) -> None:
+        try:
+            if self.host is not None:
+                self.host.close()
+        finally:
+            self.gpu.close()
