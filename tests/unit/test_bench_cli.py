@@ -169,7 +169,7 @@ def test_patterns_are_exact_and_not_trivial():
 # -- runs --------------------------------------------------------------------------------------------------
 def test_two_ranks_table_and_json(tmp_path):
     out = tmp_path / "r.json"
-    res = bench("all_reduce", "--nranks", "2", "-b", "8", "-e", "1M", "-f", "4", "--json", str(out))
+    res = bench("all_reduce", "--nranks", "2", "--backend", "host", "-b", "8", "-e", "1M", "-f", "4", "--json", str(out))
     assert res.returncode == 0, res.stderr
     assert NCCL_TESTS_HEADER in res.stdout
     got = rows(res.stdout)
@@ -235,7 +235,8 @@ def test_wrong_result_fails_the_run(no_launcher, capsys):
 
 
 def test_single_rank_in_process_and_no_check(no_launcher, capsys):
-    rc = cli.main(["all_reduce", "-b", "1K", "-e", "4K", "-f", "2", "-c", "0", "-n", "2", "--algo", "ring"])
+    rc = cli.main(["all_reduce", "--backend", "host", "-b", "1K", "-e", "4K", "-f", "2", "-c", "0", "-n", "2", "--algo",
+                   "ring"])
     out = capsys.readouterr().out
     assert rc == 0
     got = rows(out)

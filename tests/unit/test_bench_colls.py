@@ -169,7 +169,9 @@ def test_wrong_result_fails_the_run_for_other_collectives(coll, no_launcher, cap
 # -- spawned runs: every collective at 3 ranks -------------------------------------------------------------
 def _extra(coll):
     if coll == "all_gather":
-        return ["--algo", "all", "-o", "all"]  # -o all: ignored, one "none" row per size
+        # The host backend's algorithms (on a GPU machine auto is NCCL, which has one); -o all: ignored, one "none"
+        # row per size.
+        return ["--backend", "host", "--algo", "all", "-o", "all"]
     if coll in ("reduce", "reduce_scatter"):
         return ["-o", "sum,max"]
     return []

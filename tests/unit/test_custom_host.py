@@ -180,11 +180,11 @@ def test_virtual_ranks_without_gpu_is_a_clear_error():
         testing.virtual_ranks(2)
 
 
-@pytest.mark.skipif(not _no_gpu(), reason="a GPU is usable here")
 def _nothing(comm):
     return None
 
 
+@pytest.mark.skipif(not _no_gpu(), reason="a GPU is usable here")
 def test_spawn_custom_without_gpu_fails_before_starting_workers():
     with pytest.raises(Unsupported, match="spawn\\(backend='custom', nranks=2\\) cannot run here"):
         gpucoll.spawn(_nothing, 2, backend="custom")
