@@ -122,7 +122,9 @@ class Communicator:
         try:
             self._ops.close()
         finally:
-            if self._store is not None:
+            if isinstance(self._store, TCPStore):  # rank 0 serves it: peers may still be leaving the last barrier
+                self._store.close(wait_for_others=0.0 if self._failed else min(self._timeout, 3.0))
+            elif self._store is not None:
                 self._store.close()
 
     def __enter__(self):

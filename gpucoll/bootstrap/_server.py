@@ -565,6 +565,20 @@ class Server:
                 return
             time.sleep(0.02)
 
+    def wait_for_ranks_to_leave(self, own: int | None, seconds: float) -> None:
+        """Keeps serving, at most `seconds`, while a registered rank other than `own` still has a connection: a
+        rank that came through the last barrier behind this one may still have a request on its way (the barrier's
+        last arrival leaves at once; the others still wait for its 'done' key), and closing now would cut it off."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._closed and self._thread.is_alive():
+            try:
+                others = [r for r in list(self._ranks) if r != own]
+            except RuntimeError:  # the server thread changed the dict meanwhile: look again
+                others = [own]
+            if not others:
+                return
+            time.sleep(0.005)
+
     def close(self) -> None:
         if self._closed:
             return

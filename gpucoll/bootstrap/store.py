@@ -412,10 +412,12 @@ class TCPStore:
     def get_json(self, key: str, timeout: float | None = None):
         return json.loads(self.get(key, timeout).decode("utf-8"))
 
-    def close(self) -> None:
+    def close(self, wait_for_others: float = 0.0) -> None:
         """Close the client connection and, on the server, stop its thread and listening socket. Idempotent.
-        A registered rank says goodbye first, so that the server does not take its going for a death."""
-        self._close(failed=False)
+        A registered rank says goodbye first, so that the server does not take its going for a death. On the server,
+        `wait_for_others` > 0 keeps serving up to that many seconds while other registered ranks are still
+        connected (a communicator's clean close: peers still leaving its last barrier need the server)."""
+        self._close(failed=False, wait=wait_for_others)
 
     def abandon(self, world_size: int | None = None, linger: float = 5.0) -> None:
         """close() after an error of this rank's own during set-up: the other ranks, waiting for keys this rank
@@ -423,9 +425,11 @@ class TCPStore:
         (at most `linger` seconds) until every rank has connected, so that late ones learn it too."""
         self._close(failed=True, linger=(world_size, min(linger, self.timeout)) if world_size else None)
 
-    def _close(self, failed: bool, linger=None) -> None:
+    def _close(self, failed: bool, linger=None, wait: float = 0.0) -> None:
         if self._closed:
             return
+        if wait > 0 and self._server is not None:
+            self._server.wait_for_ranks_to_leave(self.rank, wait)
         sock = self._sock
         if sock is not None and self._lock.acquire(blocking=False):
             try:

@@ -469,3 +469,27 @@ def test_client_close_unblocks_its_own_waiting_thread(server, later):
     with pytest.raises(InvalidUsage):
         c.get("never", timeout=30)
     assert time.monotonic() - t0 < 3
+
+
+def test_a_clean_close_of_the_server_waits_for_ranks_still_leaving(later):
+    """Rank 0's communicator closes its store with wait_for_others: a rank still connected (e.g. just behind it
+    through the last barrier, its request not sent yet) is served until it closes, at most that long."""
+    server = TCPStore(HOST, 0, is_server=True, timeout=5.0, rank=0)
+    client = TCPStore(HOST, server.port, is_server=False, timeout=5.0, rank=1)
+    server.set("done", b"1")
+
+    def late_rank():
+        client.wait(["done"], timeout=5.0)  # would find nobody listening without the wait
+        client.close()
+
+    later(0.3, late_rank)
+    t0 = time.monotonic()
+    server.close(wait_for_others=3.0)
+    assert 0.25 < time.monotonic() - t0 < 2.5
+    # Bounded: a rank that stays connected does not hold the server's close beyond it.
+    server = TCPStore(HOST, 0, is_server=True, timeout=5.0, rank=0)
+    stays = TCPStore(HOST, server.port, is_server=False, timeout=5.0, rank=1)
+    t0 = time.monotonic()
+    server.close(wait_for_others=0.3)
+    assert 0.25 < time.monotonic() - t0 < 2.0
+    stays.close()
