@@ -313,6 +313,14 @@ class Custom(nccl.Nccl):
             raise
         return impl, selector
 
+    # A child gets new peer memory and its own NCCL fallback (a fresh create over the child's store), not a split of
+    # the parent's: the nccl backend's split and shrink hooks do not apply to the custom impl.
+    def can_split(self) -> bool:
+        return False
+
+    def can_shrink(self) -> bool:
+        return False
+
     def _modelled(self) -> bool:
         """Whether the selector decides: 'custom' asked where the GPU topology is unknown (no NVML) leaves each call
         to the backend's own size rule."""

@@ -1,10 +1,10 @@
-"""split, subgroup and shrink on the GPU backends (NCCL; the custom kernels' variant is left out, see BACKENDS), on a
-GPU or on gpucoll's emulated device (its NCCL stand-in and kernels): every collective exact on the new
-communicators (DeviceArray buffers), and the ranks that stay shrink without one that left. The protocols are the
-host backend's (tests/distributed/test_groups.py, test_shrink.py, where ranks are also SIGKILLed); here NCCL's
-children of split/subgroup come from ncclCommSplit (checked: blocking like their parent), the shrunk ones from
-ncclCommShrink (no failure was seen), and the custom kernels' children from new peer memory. Not here: recovery from a SIGKILLed rank on
-the GPU backends (on the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
+"""split, subgroup and shrink on the GPU backends (NCCL and the custom kernels), on a GPU or on gpucoll's emulated
+device (its NCCL stand-in and kernels): every collective exact on the new communicators (DeviceArray buffers), and
+the ranks that stay shrink without one that left. The protocols are the host backend's (tests/distributed/
+test_groups.py, test_shrink.py, where ranks are also SIGKILLed); here NCCL's children of split/subgroup come from
+ncclCommSplit (checked: blocking like their parent), the shrunk ones from ncclCommShrink (no failure was seen), and
+the custom kernels' children from new peer memory. Not here: recovery from a SIGKILLed rank on the GPU backends (on
+the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from gpucoll.testing import DeviceArray
 
 pytestmark = pytest.mark.gpu
 
-# The custom backend is left out for now: in the fresh-clone CI (twice, 2026-11-26) a 3-rank custom communicator's
-# first collective here waited its whole timeout for one rank ("kernels never arrived"), which never happened in 12
-# runs on the development VM; not understood yet (see the closing note of that day).
-BACKENDS = ("nccl",)
+# Both GPU backends. The custom variant was left out for a while: in fresh-clone CI (2026-11-26) a 3-rank custom run
+# failed with a rank's first collective waiting for a peer. A likely cause was found and fixed the same day: rank 0
+# could close the rendezvous store server while a peer, just behind it through init's last barrier, still had a
+# request to send (that peer then failed, and rank 0's error, a timeout naming it, was the one reported).
+BACKENDS = ("nccl", "custom")
 PUT, GET = DeviceArray.from_host, (lambda a: a.to_host())
 
 
