@@ -20,7 +20,7 @@ from gpucoll.backends.base import (
     SCATTER,
 )
 from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
-from gpucoll.backends.with_host import WithHost
+from gpucoll.backends.with_host import WithHost, host_maker
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
 from gpucoll.bootstrap.store import TCPStore
@@ -244,7 +244,7 @@ class Communicator:
                    f"{self._backend} backend")
         return type(self)(rank=rank, world_size=size, backend=self._backend, impl=impl, store=store,
                           timeout=self._timeout, selector=selector,
-                          make_host=_host_maker(_store_launch(rank, size), store, self._timeout)
+                          make_host=host_maker(_store_launch(rank, size), store, self._timeout)
                           if isinstance(self._ops, WithHost) else None)
 
     def _native_shrink(self):
@@ -558,18 +558,9 @@ def _build(launch, store, kind: str, timeout: float, local_size: int, device, re
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
     if with_host is None:
         with_host = requested == "auto" and not config.get("GPUCOLL_BACKEND").strip()
-    make_host = _host_maker(launch, store, timeout) if with_host and kind != "host" else None
+    make_host = host_maker(launch, store, timeout) if with_host and kind != "host" else None
     return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
                         timeout=timeout, local_size=local_size, selector=selector, chosen=chosen, make_host=make_host)
-
-
-def _host_maker(launch, store, timeout: float):
-    """make_host for WithHost: the host Backend of these ranks over `store`, built by every rank together."""
-    def make_host():
-        impl, selector = backends.REGISTRY["host"].create(launch, store, timeout=timeout, local_size=0, device=None)
-        _log.debug(f"rank {launch.rank}: CPU buffers run on a host communicator (backend='auto' on a GPU)")
-        return backends.wrap("host", impl, rank=launch.rank, world_size=launch.world_size, selector=selector)
-    return make_host
 
 
 def _store_launch(rank: int, size: int) -> LaunchInfo:

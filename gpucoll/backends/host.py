@@ -16,7 +16,7 @@ import socket
 from gpucoll import _buffers
 from gpucoll._native import _C
 from gpucoll.backends.base import BLOCKED, Backend
-from gpucoll.bootstrap._server import pid_exited
+from gpucoll.bootstrap._liveness import pid_exited
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
 _KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",

@@ -16,8 +16,19 @@ from __future__ import annotations
 
 import contextlib
 
+from gpucoll import _log
 from gpucoll.backends.base import Backend
+from gpucoll.backends.host import Host
 from gpucoll.errors import InvalidArgument, InvalidUsage
+
+
+def host_maker(launch, store, timeout: float):
+    """WithHost's make_host: the host Backend of these ranks over `store`, built by every rank together."""
+    def make_host():
+        impl, selector = Host.create(launch, store, timeout=timeout, local_size=0, device=None)
+        _log.debug(f"rank {launch.rank}: CPU buffers run on a host communicator (backend='auto' on a GPU)")
+        return Host(impl, rank=launch.rank, world_size=launch.world_size, selector=selector)
+    return make_host
 
 
 class WithHost(Backend):

@@ -28,7 +28,6 @@ import dataclasses
 import heapq
 import hmac
 import math
-import os
 import resource
 import secrets
 import selectors
@@ -38,33 +37,8 @@ import time
 
 from gpucoll import errors
 from gpucoll.bootstrap import _wire as w
+from gpucoll.bootstrap._liveness import host_identity, pid_exited
 from gpucoll.errors import RemoteError
-
-
-def host_identity() -> str:
-    """This kernel and pid namespace: equal on two processes iff a pid from one is meaningful to the other."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return ""
-
-
-def pid_exited(pid: int) -> bool:
-    """True when `pid` is gone or a zombie (exited, not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # exists, someone else's
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
-    except (OSError, ValueError):
-        return False
 
 
 def _default_max_conns() -> int:
@@ -559,24 +533,23 @@ class Server:
         """Keeps serving, at most `seconds`, until every rank of [0, world_size) is lost, has been told who was, or
         has gone: a rank that is slow to connect or to ask still learns why the job failed (who was lost),
         instead of finding nobody listening."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self._closed and self._thread.is_alive():
-            if set(range(world_size)) <= self._told | set(self._lost):
-                return
-            time.sleep(0.02)
+        self._serve_until(seconds, lambda: set(range(world_size)) <= self._told | set(self._lost))
 
     def wait_for_ranks_to_leave(self, own: int | None, seconds: float) -> None:
         """Keeps serving, at most `seconds`, while a registered rank other than `own` still has a connection: a
         rank that came through the last barrier behind this one may still have a request on its way (the barrier's
         last arrival leaves at once; the others still wait for its 'done' key), and closing now would cut it off."""
+        self._serve_until(seconds, lambda: all(r == own for r in list(self._ranks)))
+
+    def _serve_until(self, seconds: float, done) -> None:
+        # `done` reads the server thread's state without its lock: a dict changing size under list() is retried.
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self._closed and self._thread.is_alive():
             try:
-                others = [r for r in list(self._ranks) if r != own]
-            except RuntimeError:  # the server thread changed the dict meanwhile: look again
-                others = [own]
-            if not others:
-                return
+                if done():
+                    return
+            except RuntimeError:
+                pass
             time.sleep(0.005)
 
     def close(self) -> None:

@@ -25,7 +25,8 @@ import time
 
 from gpucoll import _log, config, errors
 from gpucoll.bootstrap import _wire as w
-from gpucoll.bootstrap._server import Limits, Server, host_identity
+from gpucoll.bootstrap._liveness import host_identity
+from gpucoll.bootstrap._server import Limits, Server
 from gpucoll.bootstrap._wire import (
     _HEADER,
     _INT64_MAX,

@@ -70,7 +70,6 @@ ncclComm_t NcclComm::child_locked(const char* call, const ChildStart& start, int
 }
 
 ncclComm_t NcclComm::split_locked(int color, int key, int blocking, const std::string& what) {
-  check_usable("split");
   if (lib_.fn.ncclCommSplit == nullptr) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, "ncclCommSplit", "NCCL ", lib_.version_string,
                   " has no ncclCommSplit (2.18 or newer has)");
@@ -122,7 +121,6 @@ std::unique_ptr<NcclComm> NcclComm::split(int color, int key) {
 
 std::unique_ptr<NcclComm> NcclComm::shrink(const std::vector<int>& exclude) {
   std::lock_guard<std::mutex> lock(call_mu_);
-  check_usable("shrink");
   if (lib_.fn.ncclCommShrink == nullptr) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, "ncclCommShrink", "NCCL ", lib_.version_string,
                   " has no ncclCommShrink (2.27 or newer has)");
