@@ -117,6 +117,37 @@ GPUCOLL_HD GPUCOLL_INLINE T avg_scalar(int n) {
   }
 }
 
+// a * b rounded to A before anything adds to it. nvcc fuses `acc + x * s` into one fma by default (--fmad=true),
+// which rounds once: avg's pre-multiplied sum then differs in the last bit from the host backend and NCCL, which
+// round every product (seen on an H100: the one-shot and two-shot kernels' float32 avg, 1 ulp off). __fmul_rn and
+// __dmul_rn are never fused. The emulated device compiles kernels with fusion on too (CMakeLists.txt), so there an
+// empty asm that claims to change the product stops the host compiler in the same way; a host build's backends
+// store every product before summing it and need neither.
+template <class A>
+GPUCOLL_HD GPUCOLL_INLINE A mul_unfused(A a, A b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same<A, double>::value) {
+    return __dmul_rn(a, b);
+  } else if constexpr (std::is_same<A, float>::value) {
+    return __fmul_rn(a, b);
+  } else {
+    return a * b;
+  }
+#elif defined(GPUCOLL_CUDA_EMULATION) && (defined(__x86_64__) || defined(__aarch64__))
+  A p = a * b;
+  if constexpr (std::is_floating_point<A>::value) {
+#if defined(__x86_64__)
+    __asm__("" : "+x"(p));
+#else
+    __asm__("" : "+w"(p));
+#endif
+  }
+  return p;
+#else
+  return a * b;
+#endif
+}
+
 // The pre-op of avg and premul_sum on one input element: x * s rounded once to T (the product of two f16 or bf16
 // values is exact in float, so rounding it to T gives what the GPU's __hmul gives); integers wrap like OpProd.
 template <class T>
@@ -124,7 +155,7 @@ GPUCOLL_HD GPUCOLL_INLINE T premul(T x, T s) {
   if constexpr (std::is_integral<T>::value) {
     return OpProd{}(x, s);
   } else {
-    return Acc<T>::store(Acc<T>::load(x) * Acc<T>::load(s));
+    return Acc<T>::store(mul_unfused(Acc<T>::load(x), Acc<T>::load(s)));
   }
 }
 

@@ -167,7 +167,7 @@ Candidate custom(const Ctx& x, const std::string& name) {
   c.algorithm = name;
   c.confidence = kCustomConfidence;
   const int P = x.lay.nranks();
-  const Counts& k = counts(name, x.coll, P, P);
+  const Counts k = counts(name, x.coll, P, P);
   if (!k.ok) return c.reason = k.error, c;
   if (x.lay.nodes > 1) return c.reason = "P2P kernels work inside one node; this job spans " +
                                          std::to_string(x.lay.nodes) + " nodes", c;
@@ -226,7 +226,7 @@ Candidate hierarchical(const Ctx& x, bool custom_ok) {
   c.backend = "custom+nccl";
   c.confidence = kCustomConfidence;
   const int P = x.lay.nranks(), L = x.lay.local, N = x.lay.nodes;
-  const Counts& k = counts("hierarchical", x.coll, P, L);
+  const Counts k = counts("hierarchical", x.coll, P, L);
   if (!k.ok) return c.reason = k.error, c;
   if (N < 2) return c.reason = "a single node: nothing to split (the flat algorithms are the same schedule)", c;
   const int intra_steps = 2 * (L - 1), inter_steps = 2 * (N - 1);
@@ -283,7 +283,7 @@ Candidate host(const Ctx& x, const std::string& only) {
     algo::Prediction p = algo::predict(*a, x.coll, P, static_cast<int64_t>(x.S), P, cp);
     // A gpucoll-tune fit of this schedule on the host backend ("host:ring@SHM") replaces the host model's a, b.
     const auto fit = x.tuning.fits.find(std::string("host:") + a->name + "@SHM");
-    const Counts& k = counts(a->name, x.coll, P, P);
+    const Counts k = counts(a->name, x.coll, P, P);
     if (p.usable && fit != x.tuning.fits.end() && k.ok) {
       p.seconds = k.steps * fit->second.a_s + k.per_byte * x.S * fit->second.b_s_per_byte;
     }

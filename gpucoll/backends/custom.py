@@ -21,9 +21,10 @@ calls outside that block stage their input inside the kernel, which also works u
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 
-from gpucoll import _cuda_buffers, _log, config
+from gpucoll import _cuda_buffers, _log, _nccl, config
 from gpucoll._native import _C
 from gpucoll.backends import nccl, select
 from gpucoll.backends.base import BLOCKED
@@ -347,6 +348,17 @@ class Custom(nccl.Nccl):
         return self.impl
 
 
+def _shared_gpu_problem(places) -> str:
+    """Why NCCL cannot run beside the custom kernels on these ranks' (host, GPU) places, or ''."""
+    shared = len(set(places)) < len(places)
+    if not shared or nccl.multi_rank_enabled(int(_nccl.load().get("version") or 0)):
+        return ""
+    loaded = _nccl.load()
+    return (f"ranks share a GPU, which NCCL allows only from {nccl.version_text(_C.NCCL_MULTI_RANK_GPU_VERSION)} "
+            f"with {MULTI_RANK_ENV}=1 (the loaded NCCL is {loaded.get('version_string') or loaded.get('version')}, "
+            f"{MULTI_RANK_ENV}={os.environ.get(MULTI_RANK_ENV, '')!r})")
+
+
 def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     """This rank's custom communicator: allocate, exchange IPC handles and SM counts through `store`, map the
     peers, prove P2P with a real copy, agree on the P2P matrix, and set up the NCCL fallback."""
@@ -360,8 +372,9 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     prefix = f"gpucoll/custom/{generation}/"
     native = _C.CustomComm(rank, P, dev, half_bytes(), float(timeout))
     try:
+        gpu = str((probe.get("devices") or [{}] * (dev + 1))[dev].get("pci_bus_id") or dev)
         store.set_json(f"{prefix}hello/{rank}", [socket.gethostname(), native.ipc_handle().hex(), native.sms,
-                                                 native.half_bytes])
+                                                 native.half_bytes, gpu])
         hello = [store.get_json(f"{prefix}hello/{r}", timeout=timeout) for r in range(P)]
         halves = [int(h[3]) for h in hello]
         if len(set(halves)) != 1:
@@ -380,9 +393,12 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
             p2p += list(store.get_json(f"{prefix}p2p/{r}", timeout=timeout))
         fallback, why = None, "GPUCOLL_CUSTOM_NCCL_FALLBACK=0"
         if config.get_bool("GPUCOLL_CUSTOM_NCCL_FALLBACK"):
-            found = nccl.problems()
+            # Every rank decides from the same table, so all of them build NCCL or none does (its init is
+            # collective). Ranks sharing a GPU need NCCL's multi-rank mode: without it ncclCommInitRank fails
+            # ("Duplicate GPU detected") and would take the custom kernels, which share GPUs fine, down with it.
+            found = nccl.problems() or _shared_gpu_problem([(h[0], h[4]) for h in hello])
             if found:
-                why = "; ".join(found)
+                why = "; ".join(found) if isinstance(found, list) else found
             else:
                 fallback = nccl.init_backend(launch, store, timeout, dev)
     except BaseException:

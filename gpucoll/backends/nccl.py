@@ -46,7 +46,7 @@ from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, Inv
 # This module's own names for the checks it shares with the custom backend (tests and tools use them from here).
 __all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum", "Work", "auto_selects_nccl",
            "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
-           "premul_sum", "problems", "spawn_plan"]
+           "premul_sum", "problems", "spawn_plan", "version_text"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
 _FRAMEWORK_KINDS = ("torch", "cupy")  # buffers ordered by the caller's current stream, with no producer stream
 
@@ -81,8 +81,8 @@ def spawn_plan(nranks: int, backend: str, probe=None, nccl=None, build=None, env
         raise Unsupported(
             f"gpucoll.spawn(backend='nccl') with {nranks} ranks needs {nranks} GPUs, but {count} "
             f"{'is' if count == 1 else 'are'} visible; several ranks on one GPU need NCCL >= "
-            f"{_nccl_version(_C.NCCL_MULTI_RANK_GPU_VERSION)} ({MULTI_RANK_ENV}=1), and the loaded NCCL is "
-            f"{nccl.get('version_string') or _nccl_version(version)}. Use nranks <= {count}, or install a newer NCCL "
+            f"{version_text(_C.NCCL_MULTI_RANK_GPU_VERSION)} ({MULTI_RANK_ENV}=1), and the loaded NCCL is "
+            f"{nccl.get('version_string') or version_text(version)}. Use nranks <= {count}, or install a newer NCCL "
             f"(pip install -U nvidia-nccl-cu13)")
     if env.get(MULTI_RANK_ENV, "1").strip() != "1":
         raise Unsupported(f"gpucoll.spawn(backend='nccl') with {nranks} ranks on {count} GPU(s) needs ranks to "
@@ -90,7 +90,7 @@ def spawn_plan(nranks: int, backend: str, probe=None, nccl=None, build=None, env
     return "nccl", {MULTI_RANK_ENV: "1"}
 
 
-def _nccl_version(code: int) -> str:
+def version_text(code: int) -> str:
     major, rest = divmod(int(code), 10000)
     minor, patch = divmod(rest, 100)
     return f"{major}.{minor}.{patch}"

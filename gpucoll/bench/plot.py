@@ -79,10 +79,13 @@ def _blocks(doc: dict, label: str = "", show_coll: bool = False) -> dict:
 def _block_key(r: dict, doc: dict, label: str, show_coll: bool, backend: str, show_type: bool) -> tuple:
     """A row's block: (label and collective, backend name, algorithm, type/op), named once all its rows are known."""
     head = [label] if label else []
-    if show_coll:
-        head.append(r.get("collective") or doc.get("config", {}).get("collective", ""))
+    coll = r.get("collective") or doc.get("config", {}).get("collective", "")
+    if show_coll and coll not in label.split():  # a label may name it already (the health check's do)
+        head.append(coll)
     # Rows of a backend sweep each name theirs; the label keeps two runs of one backend apart (nccl, auto(nccl)).
     b_name = r.get("backend_label") or r.get("backend") or backend
+    if b_name and b_name in label.split():
+        b_name = ""
     tail = f"{r.get('type')}/{r.get('redop')}" if show_type else ""
     return " ".join(p for p in head if p), b_name, str(r.get("algo")), tail
 
@@ -135,7 +138,9 @@ def plot_docs(docs: list[tuple[str, dict]], path: str | None = None, title: str 
         for name, b in _blocks(doc, label, show_coll).items():
             color = f"C{n % 10}"
             n += 1
-            ax_bw.plot(b["sizes"], [max(v, 1e-9) for v in b["busbw"]], "o-", color=color, label=name)
+            # busbw is 0 where the collective moves nothing between ranks (1 rank: nccl-tests' factor (n-1)/n):
+            # no point on a log axis rather than one pinned at a fake floor that squashes the rest.
+            ax_bw.plot(b["sizes"], [v if v > 0 else math.nan for v in b["busbw"]], "o-", color=color, label=name)
             ax_t.plot(b["sizes"], b["time"], "o-", color=color, label=name)
             # One run measures its peer once for all its blocks (--algo a,b,c): draw each peer series once, in
             # black, instead of one identical dashed line per block.
@@ -143,14 +148,17 @@ def plot_docs(docs: list[tuple[str, dict]], path: str | None = None, title: str 
             if b["peer_sizes"] and key not in drawn_peers:
                 drawn_peers.add(key)
                 peer = f"{b['peer']}" + (f" ({label})" if label else "")
-                ax_bw.plot(b["peer_sizes"], [max(v, 1e-9) for v in b["peer_busbw"]], "s--", color="k", label=peer)
+                ax_bw.plot(b["peer_sizes"], [v if v > 0 else math.nan for v in b["peer_busbw"]], "s--", color="k",
+                           label=peer)
                 ax_t.plot(b["peer_sizes"], b["peer_time"], "s--", color="k", label=peer)
     for ax, what in ((ax_bw, "busbw (GB/s)"), (ax_t, "time (us)")):
         _axes(ax, what)
-    if ax_bw.lines:
-        # One legend for both panels (they draw the same lines), outside them: it can never hide a point.
-        handles, labels = ax_bw.get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
+    if ax_t.lines:
+        # One legend for both panels (they draw the same lines), outside them: it can never hide a point. As many
+        # columns as fit the figure's width with the longest label.
+        handles, labels = ax_t.get_legend_handles_labels()
+        ncols = max(1, min(len(labels), 4, 140 // (max(len(t) for t in labels) + 8)))
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize="small")
     if title is None and docs:
         # What the runs share: the program (collective), rank count and machine, each only when all runs agree.
         envs = [doc.get("environment", {}) for _, doc in docs]

@@ -494,6 +494,36 @@ def test_nccl_fallback_with_reason(provider):
     assert all(vals == [2.0] * 10 and stats == {"custom": 0, "nccl": 1} for vals, stats in results)
 
 
+def _old_nccl_shared_gpu(comm):
+    from gpucoll.errors import Unsupported
+
+    A = gpu_arrays.provider("device_array")
+    x = A.upload(np.full(10, float(comm.rank + 1), np.float32), "float32")
+    comm.all_reduce(x)
+    A.synchronize()
+    refused = ""
+    try:
+        comm.all_reduce(x, op="prod")  # no custom kernel: the fallback would run it, and there is none
+    except Unsupported as e:
+        refused = str(e)
+    return A.download(x, "float32").tolist(), refused, dict(comm._impl.stats)
+
+
+def test_processes_share_a_gpu_with_an_nccl_older_than_2_30(monkeypatch):
+    """Ranks on one GPU with an NCCL that cannot share it (the GPU image's NCCL was 2.28.9): the custom kernels run
+    and the NCCL fallback is left out on every rank, with the reason; its init used to fail every rank ('Duplicate
+    GPU detected'). The emulated NCCL stand-in plays 2.28.9 here; a real GPU meets it with its own NCCL."""
+    from gpucoll import _nccl
+
+    if EMULATED:
+        monkeypatch.setenv("NCCL_EMU_VERSION", "22809")
+    elif _C.nccl_multi_rank_gpu_supported(int(_nccl.load().get("version") or 0)):
+        pytest.skip("the loaded NCCL (>= 2.30) shares GPUs: test_nccl_fallback_with_reason covers it")
+    for vals, refused, stats in gpucoll.spawn(_old_nccl_shared_gpu, 2, backend="custom", device=0, timeout=120.0):
+        assert vals == [3.0] * 10 and stats == {"custom": 1, "nccl": 0}, (vals, stats)
+        assert "no NCCL fallback" in refused and "share a GPU" in refused and "2.28.9" in refused, refused
+
+
 def test_sanitizers_clean():
     if EMULATED:
         pytest.skip("compute-sanitizer needs a real GPU (the emulated device has ThreadSanitizer: tests/emulation)")

