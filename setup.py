@@ -7,6 +7,7 @@ Build-time variables (also listed by `python -m gpucoll info`):
                              (csrc/emulation/: the GPU code runs on the CPU, for tests; never chosen by auto).
   GPUCOLL_CUDA_ARCHS="80;90" CUDA architectures; default: the local GPU's when one is present, else 80;90.
   CMAKE_ARGS                 extra arguments for CMake (e.g. -DGPUCOLL_WERROR=ON, as CI does).
+  GPUCOLL_BUILD_DIR          CMake's build directory (default build/gpucoll._C-<mode>-py<X.Y>, kept between installs).
 """
 
 import os
@@ -49,6 +50,16 @@ def _local_gpu_archs():
     except (OSError, subprocess.SubprocessError):
         return []
     return sorted({line.strip().replace(".", "") for line in out.splitlines() if line.strip()})
+
+
+def _build_dir(mode: str, name: str) -> Path:
+    """Where CMake builds: GPUCOLL_BUILD_DIR, else build/<name>-<mode>-py<X.Y> in the source tree, kept between
+    installs (pip's editable builds otherwise use a fresh temporary directory, so a second `pip install -e .`
+    recompiled everything), one per mode so that switching between on and emulate does not start over."""
+    given = os.environ.get("GPUCOLL_BUILD_DIR", "").strip()
+    if given:
+        return Path(given).resolve()
+    return ROOT / "build" / f"{name}-{mode}-py{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 class CMakeExtension(Extension):
@@ -107,7 +118,7 @@ class CMakeBuild(build_ext):
                              "/usr/local/cuda). Install the CUDA toolkit or build with GPUCOLL_CUDA=off.")
         import pybind11
 
-        build_temp = Path(self.build_temp) / ext.name
+        build_temp = _build_dir(mode, ext.name)
         build_temp.mkdir(parents=True, exist_ok=True)
         args = [
             f"-DGPUCOLL_OUTPUT_DIR={out_dir}",
@@ -125,13 +136,23 @@ class CMakeBuild(build_ext):
             args += [f"-DGPUCOLL_CUDA={mode}", f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
         # Switching CUDA on/off changes the cached compiler: start that configuration from scratch.
         stamp = build_temp / "gpucoll-config.txt"
-        config_key = "\n".join(args)
+        # The configuration, less two paths that change with every pip run and must not throw the kept build
+        # directory away: pybind11's (build isolation installs it in a fresh temporary environment) and the output
+        # directory (pip's temporary build-lib; a new one only relinks).
+        extra = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        config_key = "\n".join([a for a in args if not a.startswith(("-Dpybind11_DIR=", "-DGPUCOLL_OUTPUT_DIR="))]
+                               + [f"pybind11 {pybind11.__version__}", *extra])
+        ninja = shutil.which("ninja")
+        config_key += f"\nninja {bool(ninja)}"
         if stamp.exists() and stamp.read_text() != config_key:
             shutil.rmtree(build_temp)
             build_temp.mkdir(parents=True)
-        if shutil.which("ninja") and not (build_temp / "CMakeCache.txt").exists():
-            args.append("-GNinja")
-        args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        if ninja:
+            # Each isolated build has its own ninja: the kept cache must not point at the last one's, now deleted.
+            args.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")
+            if not (build_temp / "CMakeCache.txt").exists():
+                args.append("-GNinja")
+        args += extra
         if mode != "emulate":
             # An emulator left by an earlier GPUCOLL_CUDA=emulate build would ship with a build that does not use it.
             shutil.rmtree(out_dir / "_emu", ignore_errors=True)

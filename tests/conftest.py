@@ -12,6 +12,7 @@
   running. Missing-package skips are recognised by their reason: tests skip through helpers.require /
   helpers.missing_reason (reason "missing package: ..."), and pytest.importorskip's own "could not import" counts
   too.
+* `--deadline EPOCH` skips every test that would start later, with a reason .ci/gpu counts as trimmed.
 * The `-r s` summary is folded by reason: one line per reason with its count, instead of pytest's one line per
   test location.
 """
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -31,12 +33,22 @@ if _TESTS_DIR not in sys.path:
 from helpers import MISSING, missing_reason  # tests/ had to be put on sys.path first
 
 _IMPORTORSKIP = "could not import "  # the reason pytest.importorskip gives
+_OVER_BUDGET = "not started: past the time budget of this run"  # .ci/gpu counts these as trimmed
 
 
 def pytest_addoption(parser):
     parser.addoption("--require-deps", action="store_true",
                      help="fail, instead of skip, any test outside the gpu marker that skips for a missing package "
                           "(set by .ci/run)")
+    parser.addoption("--deadline", type=float, default=None, metavar="EPOCH",
+                     help="skip every test that would start after this time (seconds since the epoch), with a "
+                          "reason saying so: how .ci/gpu keeps a step inside its share of the budget")
+
+
+def pytest_runtest_setup(item):
+    deadline = item.config.getoption("deadline")
+    if deadline is not None and time.time() > deadline:
+        pytest.skip(f"{_OVER_BUDGET} (--deadline)")
 
 
 def _skip_reason(report) -> str:

@@ -73,6 +73,9 @@ const std::vector<ConfigVar>& config_vars() {
        "timings)."},
       {"GPUCOLL_CUDA_ARCHS", VarType::kString, "",
        "Build time (read by setup.py): CUDA architectures, e.g. '80;90'. Empty: the local GPU's, else 80;90."},
+      {"GPUCOLL_BUILD_DIR", VarType::kString, "",
+       "Build time (read by setup.py): CMake's build directory. Empty: build/gpucoll._C-<mode>-py<X.Y> in the "
+       "source tree, kept between installs so that a second install only rebuilds what changed."},
       // The emulated device's shape (GPUCOLL_CUDA=emulate builds only), read when gpucoll._C is imported: every
       // process of a job must see the same values. Tests set them to check residency and eligibility decisions
       // on several GPU shapes.

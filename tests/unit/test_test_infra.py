@@ -127,6 +127,9 @@ def test_ci_runs_the_readme_test_command_with_require_deps():
     emulated = 'GPUCOLL_CUDA=emulate pip install -e ".[test]" && python -m pytest -m gpu'
     lines = [line.strip() for line in ci.splitlines()]
     assert command in readme and command in lines, "CI runs the README's test command as its own line"
-    assert emulated in readme and lines[-1] == emulated, "CI ends with the README's emulated-device command"
+    assert emulated in readme and emulated in lines, "CI runs the README's emulated-device command as its own line"
+    gpu_check = next(line for line in lines if line.startswith("bash .ci/gpu "))
+    assert "--emulated" in gpu_check and lines.index(gpu_check) > lines.index(emulated), \
+        "then .ci/gpu on the emulated device, so that the GPU runner's check cannot rot"
     assert 'export PYTEST_ADDOPTS="--require-deps"' in ci
     assert ci.index('pip install -q "torch==2.13.0"') < ci.index(command) < ci.index(emulated)
