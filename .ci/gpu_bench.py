@@ -191,15 +191,15 @@ WORKERS = {"custom_processes": worker_custom_processes, "nccl_torch": worker_ncc
 # -- the figures ------------------------------------------------------------------------------------------------------
 
 def nccl_pair_problem() -> str:
-    """Why 2 NCCL ranks cannot run on this machine's GPUs, or ''."""
-    from gpucoll import _C, _nccl
+    """Why 2 NCCL ranks cannot run on this machine's GPUs (gpucoll.spawn's own verdict), or ''."""
+    from gpucoll.backends import nccl
+    from gpucoll.errors import Unsupported
 
-    count = int(_C.cuda_probe()["device_count"])
-    version = int(_nccl.load().get("version") or 0)
-    if count >= 2 or _C.nccl_multi_rank_gpu_supported(version):
-        return ""
-    return (f"NCCL {version} cannot put 2 ranks on this machine's {count} GPU (multi-rank mode needs NCCL >= 2.30): "
-            f"no NCCL figure at P = 2")
+    try:
+        nccl.spawn_plan(2, "nccl")
+    except Unsupported as e:
+        return f"no NCCL figure at P = 2: {e}"
+    return ""
 
 
 def main() -> None:

@@ -67,7 +67,6 @@ def _steps(emulated: bool):
             return f"({expr}) and ({emu})" if expr else emu
         return expr
 
-    late_files = [f for f in _OWNED]
     return [
         ("custom", "the custom kernels (processes and virtual ranks, P = 2 ... 8)",
          [(_STEP_FILES["custom"], k("custom", f"not cupy and not ({_LATE}) and not sanitizers"))], 30, 120),
@@ -77,7 +76,7 @@ def _steps(emulated: bool):
          [(_STEP_FILES["torch"], k("torch", f"not cupy and not ({_LATE})"))], 20, 90),
         ("cupy", "CuPy arrays", [(_OWNED, k("cupy", "cupy"))], 15, 60),
         ("late", "graphs, the watchdog, groups and elasticity, and every other GPU test",
-         [(late_files, k("late", f"({_LATE}) and not cupy and not sanitizers")),
+         [(_OWNED, k("late", f"({_LATE}) and not cupy and not sanitizers")),
           (["tests/", "--ignore=tests/emulation"] + [f"--ignore={f}" for f in _OWNED], k("late", None))], 20, 120),
     ]
 

@@ -348,15 +348,16 @@ class Custom(nccl.Nccl):
         return self.impl
 
 
-def _shared_gpu_problem(places) -> str:
-    """Why NCCL cannot run beside the custom kernels on these ranks' (host, GPU) places, or ''."""
-    shared = len(set(places)) < len(places)
-    if not shared or nccl.multi_rank_enabled(int(_nccl.load().get("version") or 0)):
-        return ""
+def _shared_gpu_problems(places) -> list:
+    """Why NCCL cannot run beside the custom kernels on these ranks' (host, GPU) places: [] or one sentence."""
+    if len(set(places)) == len(places):
+        return []
     loaded = _nccl.load()
-    return (f"ranks share a GPU, which NCCL allows only from {nccl.version_text(_C.NCCL_MULTI_RANK_GPU_VERSION)} "
-            f"with {MULTI_RANK_ENV}=1 (the loaded NCCL is {loaded.get('version_string') or loaded.get('version')}, "
-            f"{MULTI_RANK_ENV}={os.environ.get(MULTI_RANK_ENV, '')!r})")
+    if nccl.multi_rank_enabled(int(loaded.get("version") or 0)):
+        return []
+    return [(f"ranks share a GPU, which NCCL allows only from {nccl.version_text(_C.NCCL_MULTI_RANK_GPU_VERSION)} "
+             f"with {MULTI_RANK_ENV}=1 (the loaded NCCL is {loaded.get('version_string') or loaded.get('version')}, "
+             f"{MULTI_RANK_ENV}={os.environ.get(MULTI_RANK_ENV, '')!r})")]
 
 
 def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
@@ -372,7 +373,8 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     prefix = f"gpucoll/custom/{generation}/"
     native = _C.CustomComm(rank, P, dev, half_bytes(), float(timeout))
     try:
-        gpu = str((probe.get("devices") or [{}] * (dev + 1))[dev].get("pci_bus_id") or dev)
+        devices = probe.get("devices") or []
+        gpu = str(devices[dev].get("pci_bus_id") or dev) if dev < len(devices) else str(dev)  # the same GPU by any index
         store.set_json(f"{prefix}hello/{rank}", [socket.gethostname(), native.ipc_handle().hex(), native.sms,
                                                  native.half_bytes, gpu])
         hello = [store.get_json(f"{prefix}hello/{r}", timeout=timeout) for r in range(P)]
@@ -396,9 +398,9 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
             # Every rank decides from the same table, so all of them build NCCL or none does (its init is
             # collective). Ranks sharing a GPU need NCCL's multi-rank mode: without it ncclCommInitRank fails
             # ("Duplicate GPU detected") and would take the custom kernels, which share GPUs fine, down with it.
-            found = nccl.problems() or _shared_gpu_problem([(h[0], h[4]) for h in hello])
+            found = nccl.problems() or _shared_gpu_problems([(h[0], h[4]) for h in hello])
             if found:
-                why = "; ".join(found) if isinstance(found, list) else found
+                why = "; ".join(found)
             else:
                 fallback = nccl.init_backend(launch, store, timeout, dev)
     except BaseException:

@@ -50,18 +50,15 @@ def nccl_problem() -> str | None:
 
 
 def nccl_ranks_problem(world: int) -> str | None:
-    """Why `world` NCCL ranks cannot run on this machine's GPUs, or None: NCCL itself, or ranks that would have to
-    share a GPU with an NCCL older than 2.30 (its multi-rank mode; the GPU image's NCCL was 2.28.9)."""
-    why = nccl_problem()
-    if why:
-        return why
-    from gpucoll import _C, _nccl
+    """Why `world` NCCL ranks cannot run on this machine's GPUs, or None: gpucoll.spawn's own verdict (NCCL itself,
+    or ranks that would share a GPU with an NCCL older than 2.30; the GPU image's NCCL was 2.28.9)."""
+    from gpucoll.backends import nccl as _nccl_backend
+    from gpucoll.errors import Unsupported
 
-    count = int(_C.cuda_probe()["device_count"])
-    version = int(_nccl.load().get("version") or 0)
-    if count < world and not _C.nccl_multi_rank_gpu_supported(version):
-        return (f"{world} NCCL ranks need {world} GPUs or NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE); {count} GPU(s) "
-                f"and NCCL {version} here (pip install -U nvidia-nccl-cu13 runs them)")
+    try:
+        _nccl_backend.spawn_plan(world, "nccl")
+    except Unsupported as e:
+        return str(e)
     return None
 
 

@@ -483,13 +483,9 @@ def _fallback(comm, provider):
 
 @pytest.mark.parametrize("provider", gpu_arrays.provider_params())
 def test_nccl_fallback_with_reason(provider):
-    why = gpu_arrays.nccl_problem()
+    why = gpu_arrays.nccl_ranks_problem(2)
     if why:
         pytest.skip(f"the custom backend's NCCL fallback cannot run here: {why}")
-    from gpucoll import _nccl
-
-    if not _C.nccl_multi_rank_gpu_supported(int(_nccl.load().get("version") or 0)):
-        pytest.skip("NCCL < 2.30: two ranks cannot share the GPU for the fallback")
     results = gpucoll.spawn(_fallback, 2, args=(provider,), backend="custom")
     assert all(vals == [2.0] * 10 and stats == {"custom": 0, "nccl": 1} for vals, stats in results)
 
