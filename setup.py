@@ -164,6 +164,9 @@ class CMakeBuild(build_ext):
 
 setup(
     version=_version(),
+    # gpucoll-topo's example machines (gpucoll/topo_examples/, named by gpucoll-topo where no GPU is found): data
+    # files, which setuptools leaves out of wheels unless named here.
+    package_data={"gpucoll": ["topo_examples/*.txt", "topo_examples/*.xml", "topo_examples/*.json"]},
     ext_modules=[CMakeExtension("gpucoll._C", sourcedir=str(ROOT))],
     cmdclass={"build_ext": CMakeBuild},
 )

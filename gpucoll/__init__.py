@@ -5,6 +5,7 @@ call needs them.
 """
 
 from gpucoll import errors
+from gpucoll._timeout import MAX_TIMEOUT
 from gpucoll._version import __version__
 from gpucoll.errors import (
     CollectiveTimeout,
@@ -19,6 +20,7 @@ from gpucoll.errors import (
 )
 
 __all__ = [
+    "MAX_TIMEOUT",
     "CollectiveTimeout",
     "Communicator",
     "CudaError",

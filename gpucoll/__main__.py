@@ -10,8 +10,17 @@ from __future__ import annotations
 import importlib
 import sys
 
+# Every tool gpucoll installs is here, under the name its console script or module also has: `--help` is where a
+# new user looks for what there is, and the console scripts need the environment's bin on PATH, this does not.
 COMMANDS = {
     "info": ("gpucoll.info", "main", "report build, CUDA, NCCL, NVML, GPUCOLL_* settings and package versions"),
+    "bench": ("gpucoll.bench.cli", "main", ("benchmark and check collectives with nccl-tests' flags and table; "
+                                            "--health-check checks every collective (also: gpucoll-bench)")),
+    "topo": ("gpucoll.topo_cli", "main", ("the GPU wiring and what gpucoll would run on it; --from-nvidia-smi FILE "
+                                          "explains another machine (also: gpucoll-topo)")),
+    "tune": ("gpucoll.tune", "main", "fit the cost model to gpucoll-bench --json runs (also: gpucoll-tune)"),
+    "explain": ("gpucoll.algo", "explain_main", ("compare the algorithms for one collective call "
+                                                 "(also: python -m gpucoll.algo explain)")),
 }
 
 
@@ -21,7 +30,7 @@ def usage() -> str:
     for name, (_, _, text) in COMMANDS.items():
         lines.append(f"  {name.ljust(width)}  {text}")
     lines.append("")
-    lines.append("python -m gpucoll <command> --help shows a command's options.")
+    lines.append("python -m gpucoll <command> --help shows a command's options, e.g. python -m gpucoll bench --help.")
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from gpucoll.backends import custom, nccl
 from gpucoll.bootstrap.store import new_secret
 from gpucoll.communicator import init
-from gpucoll.errors import GpucollError, InvalidArgument, InvalidUsage, RemoteError
+from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, RemoteError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,14 +52,29 @@ def _worker(fn, rank, nranks, port, backend, timeout, args, init_kwargs, results
             comm.close()
         payload = ("ok", pickle.dumps(value))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        # The wall clock, not a monotonic one: the parent compares the times of different processes.
+        failed_at = time.time()
         tb = traceback.format_exc()
+        knock_on = _is_knock_on(exc, rank)  # decided on the real exception, before it may be replaced below
         try:
             blob = pickle.dumps(exc)
             pickle.loads(blob)
         except Exception:  # noqa: BLE001 - unpicklable exception: send its text
             blob = pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}", ranks=(rank,)))
-        payload = ("error", blob, tb)
+        payload = ("error", blob, tb, knock_on, failed_at)
     results.put((rank, payload))
+
+
+def _is_knock_on(exc: BaseException, rank: int) -> bool:
+    """Whether `exc`, raised on `rank`, only reports what other ranks did: a peer that failed, exited, closed the
+    communicator or never came (CollectiveTimeout, RemoteError, or an error that names other ranks and not this
+    one, such as "rank 1 closed the communicator"), or the lost connection to the store rank 0 serves. Such an
+    error never hides a rank's own one (a user's exception, a bad argument)."""
+    if not isinstance(exc, GpucollError):
+        return False
+    if isinstance(exc, (CollectiveTimeout, RemoteError)):
+        return True
+    return bool(exc.ranks) and rank not in exc.ranks
 
 
 def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend: str = "auto",
@@ -75,9 +90,12 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
     A rank that fails stops the others (a second after, so that they report what they saw) and spawn raises
     RemoteError (its ``.results``: the values of the ranks that returned). elastic=True lets the others run on (a
     job that shrinks its communicator and carries on, see Communicator.shrink): spawn waits for every rank, then
-    returns or raises as above. Without elastic, a rank still running `timeout` + 30 s after the last of the others
-    returned is stuck (nothing it waits for can come) and is stopped too, raising RemoteError. A rank that spawn
-    stops first prints its threads' stacks to its stderr (faulthandler, on SIGUSR1)."""
+    returns or raises as above. Of several failed ranks, spawn raises a rank's own error (its exception, its exit)
+    rather than a knock-on of it (a peer that timed out waiting for it, or was told that it failed or closed the
+    communicator), and among equals the one that came first. Without elastic, a rank still running `timeout` + 30 s
+    after the last of the others returned is stuck (nothing it waits for can come) and is stopped too, raising
+    RemoteError. A rank that spawn stops first prints its threads' stacks to its stderr (faulthandler, on
+    SIGUSR1)."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
@@ -139,7 +157,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
                     except queue.Empty:
                         pass
                     if r not in outcome:
-                        outcome[r] = ("exited", p.exitcode)
+                        outcome[r] = ("exited", p.exitcode, time.time())
                         if first_failure_at is None:
                             first_failure_at = time.monotonic()
             if not elastic and first_failure_at is not None and time.monotonic() - first_failure_at > _FAILURE_GRACE_S:
@@ -267,22 +285,27 @@ def _stop(procs, outcome) -> None:
 
 
 def _pick_failure(failures, values):
-    """The exception to raise: a worker's own error before a consequence of it (peers timing out, ranks that
-    were killed)."""
+    """The exception to raise: a rank's own failure (its exception, its exit, its hang) before a knock-on of one (a
+    peer timing out on it, or told that it failed or closed), and either before a rank spawn stopped; among equals
+    the one that came first, since what follows a failure is mostly its consequence."""
     def severity(item):
         r, payload = item
-        if payload[0] == "error":
-            exc = pickle.loads(payload[1])
-            consequence = isinstance(exc, GpucollError) and exc.code in (4, 5)  # timeout / remote
-            return (1 if consequence else 0, r)
-        if payload[0] in ("exited", "stuck"):
-            return (0, r)
-        return (2, r)
+        kind = payload[0]
+        if kind == "error":
+            return (1 if payload[3] else 0, payload[4], r)
+        if kind == "exited":
+            return (0, payload[2], r)
+        if kind == "stuck":
+            return (0, float("inf"), r)
+        return (2, float("inf"), r)
 
     r, payload = min(failures, key=severity)
+    kinds = {fr: (p[0] if p[0] != "error" else type(pickle.loads(p[1])).__name__) for fr, p in failures}
     if payload[0] == "error":
         exc = pickle.loads(payload[1])
-        note = f"[gpucoll.spawn] raised on rank {r}; worker traceback:\n{payload[2]}"
+        others = ", ".join(f"rank {fr} {kind}" for fr, kind in kinds.items() if fr != r)
+        also = f" (other ranks: {others})" if others else ""
+        note = f"[gpucoll.spawn] raised on rank {r}{also}; worker traceback:\n{payload[2]}"
     elif payload[0] == "exited":
         exc = RemoteError(f"rank {r} exited with code {payload[1]} without returning a result", ranks=(r,))
         note = None
@@ -296,7 +319,7 @@ def _pick_failure(failures, values):
         note = None
     exc.rank = r
     exc.results = values
-    exc.failures = {fr: (p[0] if p[0] != "error" else type(pickle.loads(p[1])).__name__) for fr, p in failures}
+    exc.failures = kinds
     if note and hasattr(exc, "add_note"):
         exc.add_note(note)
     return exc

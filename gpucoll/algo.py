@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from gpucoll import _C, config
-from gpucoll._help import HelpFormatter
-from gpucoll.bench.colls import canonical
+from gpucoll._help import HelpFormatter, reader_may_leave
+from gpucoll.bench.colls import canonical, names
 from gpucoll.errors import GpucollError, InvalidArgument
 
 COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
@@ -64,8 +63,15 @@ def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: i
     """Print (and return as a dict) the comparison of every algorithm for one call (to stdout by default)."""
     out = sys.stdout if out is None else out
     name = canonical(coll)
+    if name not in COLLS and name in names():
+        # gpucoll-bench's names are explain's too; the point-to-point ones have nothing to compare.
+        print(f"# {name}: point-to-point (each rank sends to one peer and receives from another, as gpucoll-bench "
+              f"runs it): no algorithm to choose, so nothing to compare. explain compares the algorithms of "
+              f"{', '.join(COLLS)}.", file=out)
+        return {"collective": name, "nranks": nranks, "bytes": nbytes, "auto": None, "algorithms": {},
+                "tuning_file": ""}
     if name not in COLLS:
-        raise InvalidArgument(f"collective must be one of {', '.join(COLLS)}; got {coll!r}")
+        raise InvalidArgument(f"collective must be one of {', '.join(names())}; got {coll!r}")
     coll = name
     if coll in BLOCKED and nbytes % nranks:
         lower = nbytes - nbytes % nranks
@@ -93,8 +99,6 @@ def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: i
     for algo in _C.algorithm_names():
         pred = _C.predict(algo, cid, nranks, nbytes, local_size)
         if not pred["usable"]:
-            if _C.algorithm_supports(algo, cid):
-                print(f"{algo:>18} {'-':>6} {'-':>12} {'-':>12} {'-':>12}  cannot run: {pred['reason']}", file=out)
             rows[algo] = {"usable": False, "reason": pred["reason"]}
             continue
         row = dict(pred, model="default")
@@ -103,16 +107,46 @@ def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: i
         if terms is not None:
             row["seconds"] = terms[0] * fit["a_s"] + terms[1] * nbytes * fit["b_s_per_byte"]
             row["model"] = "tuned"
-        notes = [n for n in ("tuned" if row["model"] == "tuned" else "", "<- auto" if algo == chosen else "") if n]
-        print(f"{algo:>18} {pred['steps']:>6} {_human(pred['bytes_sent']):>12} {_human(pred['bytes_recv']):>12} "
-              f"{row['seconds'] * 1e6:>9.1f} us  {', '.join(notes)}".rstrip(), file=out)
+            if fit.get("poor"):  # kept by gpucoll-tune --keep-poor-fits
+                row["model"] = f"tuned (poor fit: {_quality(fit)})"
         rows[algo] = row
+    usable = {a: r for a, r in rows.items() if r.get("usable")}
+    cheapest = min(usable, key=lambda a: usable[a]["seconds"]) if usable else None
+    # With a tuning file the cheapest row need not be auto's pick: say so on that row and why, not only in the
+    # header (a reader compares the numbers and takes auto for broken).
+    tuned_apart = path and chosen in usable and cheapest != chosen and "tuned" in (
+        usable[cheapest]["model"] + usable[chosen]["model"])
+    for algo, row in rows.items():
+        if not row.get("usable"):
+            if _C.algorithm_supports(algo, cid):
+                print(f"{algo:>18} {'-':>6} {'-':>12} {'-':>12} {'-':>12}  cannot run: {row['reason']}", file=out)
+            continue
+        notes = [row["model"] if row["model"] != "default" else "", "<- auto" if algo == chosen else "",
+                 "cheapest with the tuning file, not auto's pick (see below)" if tuned_apart and algo == cheapest
+                 else ""]
+        print(f"{algo:>18} {row['steps']:>6} {_human(row['bytes_sent']):>12} {_human(row['bytes_recv']):>12} "
+              f"{row['seconds'] * 1e6:>9.1f} us  {'; '.join(n for n in notes if n)}".rstrip(), file=out)
+    if tuned_apart:
+        print(f"# {cheapest} is cheapest by the tuning file's fits, yet auto picks {chosen}: auto on the host backend "
+              f"prices the algorithms by the host cost model in the header, never by GPUCOLL_TUNING_FILE (the "
+              f"file's fits price the choice between backends, as gpucoll-topo shows). To run {cheapest} on the "
+              f"host backend, pass algo=\"{cheapest}\".", file=out)
     if steps:
         for algo, row in rows.items():
             if row.get("usable"):
                 _print_steps(algo, cid, nranks, root, local_size, out)
     return {"collective": coll, "nranks": nranks, "bytes": nbytes, "auto": chosen, "algorithms": rows,
             "tuning_file": path}
+
+
+def _quality(fit: dict) -> str:
+    """A fit's R^2 and worst relative error as gpucoll-tune prints them ("R^2 0.39, max err 88%")."""
+    parts = []
+    if "r2" in fit:
+        parts.append(f"R^2 {fit['r2']:.2f}")
+    if "max_rel_error" in fit:
+        parts.append(f"max err {fit['max_rel_error'] * 100:.0f}%")
+    return ", ".join(parts) or "no quality recorded"
 
 
 def _print_steps(name: str, cid: int, nranks: int, root: int, local_size: int, out) -> None:
@@ -135,8 +169,8 @@ def _print_steps(name: str, cid: int, nranks: int, root: int, local_size: int, o
 
 def _collective(text: str) -> str:
     name = canonical(text)
-    if name not in COLLS:
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(COLLS)})")
+    if name not in names():
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(names())})")
     return name
 
 
@@ -148,8 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="compare the algorithms for one collective call",
                        description="Compare every algorithm for one collective call: " + COLUMNS[2:] + ".",
                        formatter_class=HelpFormatter)
-    p.add_argument("collective", type=_collective, help=f"{', '.join(COLLS)} (also spelled as gpucoll-bench and nccl-tests take them: "
-                                      f"allreduce, all-gather, all_reduce_perf)")
+    p.add_argument("collective", type=_collective, help=f"{', '.join(names())}, also spelled as gpucoll-bench and "
+                   f"nccl-tests take them (allreduce, all-gather, all_reduce_perf); the point-to-point ones (sendrecv) "
+                   f"have no algorithm to choose")
     p.add_argument("--nranks", type=int, default=8, help="number of ranks")
     p.add_argument("--bytes", default="1M", help="message size (K, M, G suffixes: powers of 1024); for all_gather, "
                                                  "reduce_scatter, all_to_all, gather and scatter the whole buffer: "
@@ -160,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@reader_may_leave
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -176,12 +212,12 @@ def main(argv=None) -> int:
     except GpucollError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        # The reader left (`| head`): no traceback. Point stdout at /dev/null so that the interpreter's own final
-        # flush does not fail again (the recipe of Python's signal module documentation).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     return 0
+
+
+def explain_main(argv=None) -> int:
+    """``python -m gpucoll explain ...``: the explain subcommand under the package's own command line."""
+    return main(["explain", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

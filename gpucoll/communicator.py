@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gpucoll import _buffers, _log, backends, config
+from gpucoll import _buffers, _log, _timeout, backends, config
 from gpucoll import group as groups
 from gpucoll._native import _C
 from gpucoll.backends.base import (
@@ -538,8 +538,7 @@ def join(address: str, port: int, *, backend: str = "auto", timeout: float = 300
 
 def _check_common(backend, timeout, local_size, device):
     """Checks shared by init and init_from_store; returns the resolved backend and local size."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise InvalidArgument(f"timeout must be a positive number of seconds; got {timeout!r}")
+    _timeout.check(timeout)
     kind = backends.resolve(backend)
     if local_size is None:
         local_size = config.get_int("GPUCOLL_LOCAL_SIZE")

@@ -14,7 +14,7 @@ import platform
 import sys
 
 from gpucoll import _nccl
-from gpucoll._help import HelpFormatter
+from gpucoll._help import HelpFormatter, reader_may_leave
 from gpucoll._native import _C, LOAD_ERROR
 from gpucoll._version import __version__
 from gpucoll.backends.usable import device_map, multi_rank_enabled
@@ -224,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@reader_may_leave
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     info = collect()

@@ -11,11 +11,36 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from gpucoll import topology
-from gpucoll._help import HelpFormatter
+from gpucoll._help import HelpFormatter, reader_may_leave
 from gpucoll.backends import select
 from gpucoll.errors import GpucollError
+
+# Machines to try gpucoll-topo on without being on them, shipped in the package (setup.py's package_data): a user
+# on a laptop or a CPU-only node sees nothing from detection, and the flags alone do not say what to feed them.
+# (flag, file, what it is); the files are copies of tests/fixtures/topo's.
+EXAMPLES_DIR = Path(__file__).resolve().parent / "topo_examples"
+EXAMPLES = (
+    ("--from-nvidia-smi", "h100_8x_nvsmi.txt", "8 H100 on NVSwitch with 8 NICs"),
+    ("--from-nvidia-smi", "dgx1_v100_nvsmi.txt", "DGX-1: 8 V100 in a hybrid cube-mesh of NVLinks"),
+    ("--from-nvidia-smi", "pcie_4x_nvsmi.txt", "4 GPUs on PCIe switches, no NVLink"),
+    ("--from-nccl-xml", "a100_8x_nccl.xml", "8 A100, as NCCL_TOPO_DUMP_FILE writes it"),
+    ("--from-json", "h100_2node_16x.json", "2 nodes of 8 H100, gpucoll's topology JSON"),
+)
+
+
+def no_gpu_hint() -> list[str]:
+    """What to try on a machine where detection finds no GPU: the shipped examples, one command each."""
+    lines = ["# no GPU detected here: see what gpucoll would do on another machine, e.g. one of the examples "
+             + "shipped with gpucoll:"]
+    cmds = [f"gpucoll-topo {flag} {EXAMPLES_DIR / name}" for flag, name, _ in EXAMPLES]
+    width = max(map(len, cmds))
+    lines += [f"#   {cmd.ljust(width)}  {what}" for cmd, (_, _, what) in zip(cmds, EXAMPLES)]
+    lines.append("# or your own: run nvidia-smi topo -m on the GPU machine and give its output to "
+                 "gpucoll-topo --from-nvidia-smi FILE ('-': stdin)")
+    return lines
 
 
 def _size(n: int) -> str:
@@ -147,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@reader_may_leave
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
 
@@ -182,11 +208,14 @@ def main(argv=None) -> int:
     except (GpucollError, OSError, ValueError) as exc:
         print(f"gpucoll-topo: {exc}", file=sys.stderr)
         return 2
+    detected = not (args.from_nvidia_smi or args.from_nccl_xml or args.from_json)
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         print()
     else:
         print_report(doc)
+    if detected and topo.num_gpus == 0:
+        print("\n".join(no_gpu_hint()), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -10,7 +10,9 @@ Counted:
   Optional heavy packages (torch, cupy, mpi4py, matplotlib, tqdm) imported lazily are not counted: they stay lazy
   on purpose, so that ``import gpucoll`` never loads them. Nor is the package's own lazy attribute gate, the
   module-level ``__getattr__`` of ``gpucoll/__init__.py`` (``gpucoll.init`` and the rest load on first use, so that
-  ``import gpucoll`` does not load the native core): those are listed apart, as "lazy attributes".
+  ``import gpucoll`` does not load the native core): those are listed apart, as "lazy attributes". Nor are those of
+  an entry point that another program loads (ENTRY_POINTS: torch runs gpucoll/_torch_plugin.py inside every
+  ``import torch``, which must not load gpucoll.torch and its native core): listed apart too.
 
 Importing a submodule also runs its parent package's ``__init__``; those implicit edges are not drawn (they would
 tie every package to its own files), only what the ``import`` statements name.
@@ -24,6 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gpucoll"
+# Modules that other programs load through an entry point (pyproject.toml), whose function-level imports are deferred
+# on purpose: what they import would otherwise load wherever that program runs.
+ENTRY_POINTS = {"gpucoll._torch_plugin"}
 
 
 def _module_name(path: Path) -> str:
@@ -76,7 +81,7 @@ def _walk(tree, is_package: bool):
 
 def graph(lazy=None):
     """(edges: module -> set of modules, nested: [(file, line, module)] function-level imports of gpucoll); the
-    package's lazy attributes are appended to `lazy` when given."""
+    package's lazy attributes and the entry points' deferred imports are appended to `lazy` when given."""
     modules = _files()
     edges = {m: set() for m in modules}
     nested = []
@@ -86,9 +91,9 @@ def graph(lazy=None):
         for node, where in _walk(tree, is_package):
             for target in _targets(node, mod, is_package, modules):
                 row = (str(path.relative_to(ROOT)), node.lineno, target)
-                if where == "function":
+                if where == "function" and mod not in ENTRY_POINTS:
                     nested.append(row)
-                elif where == "lazy" and lazy is not None:
+                elif where in ("lazy", "function") and lazy is not None:
                     lazy.append(row)
                 if target in modules and target != mod:
                     edges[mod].add(target)
@@ -146,7 +151,8 @@ def main(argv) -> int:
         per_file[path] = per_file.get(path, 0) + 1
     for path, n in sorted(per_file.items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {n:3d}  {path}")
-    print(f"lazy attributes of a package (module-level __getattr__), not counted above: {len(lazy)}")
+    print(f"lazy attributes of a package (module-level __getattr__) and entry points' deferred imports, not counted "
+          f"above: {len(lazy)}")
     for path, line, target in lazy:
         print(f"  {path}:{line} {target}")
     if "--edges" in argv:

@@ -38,7 +38,7 @@ const std::vector<ConfigVar>& config_vars() {
        "Explicit cross-rank call checks for backends whose own synchronisation cannot carry them: the NCCL "
        "backend compares every collective's signature through the rendezvous store before enqueuing it (a store "
        "round trip per call). The host backend compares every collective call across ranks always, within its "
-       "first step, whatever this says; the custom kernels do not compare yet."},
+       "first step, whatever this says, and the custom kernels compare every call in their first barrier."},
       {"GPUCOLL_STORE_SECRET", VarType::kSecret, "",
        "The job's secret for gpucoll's rendezvous store: every connection proves it knows it (HMAC "
        "challenge-response; it never travels). The same random value (16 bytes at least; 32 random bytes in hex "

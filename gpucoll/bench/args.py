@@ -32,8 +32,45 @@ more:        gpucoll-bench report A.json B.json -o cmp.png   (compare saved --js
              options above and gpucoll-bench --health-check --help)
 """
 
-# -c/--check given without a number: nccl-tests' -c takes one (and the health check has its own name)
+# -c/--check given without a number. nccl-tests' -c takes one, and so does ours wherever it appears: a flag whose
+# meaning changed with whether a number follows it (the health check before, a count after) read as one option
+# in --help and behaved as two. The health check has its own name, --health-check.
 _CHECK_WITHOUT_COUNT = object()
+CHECK_TAKES_A_NUMBER = ("-c/--check takes a number N (nccl-tests' verified iterations per row; 0: no check); the "
+                        "health check of every collective is gpucoll-bench --health-check")
+
+
+def check_without_count(argv: list[str]) -> bool:
+    """Whether argv has -c/--check with no number after it. Looked for before argparse runs, so that
+    `gpucoll-bench --check` (no collective) gets the same one line as `gpucoll-bench all_reduce --check` rather
+    than argparse's complaint about the missing collective."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return False
+        if arg in ("-c", "--check"):
+            try:
+                int(argv[i + 1], 0)
+            except (IndexError, ValueError):
+                return True
+    return False
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: its usage block lists every flag and the nine collectives (ten lines)
+    and buried the one line that says what was wrong."""
+
+    def error(self, message):
+        if message.endswith("required: collective"):
+            message += f" (one of {', '.join(colls.names())}; {self.prog} --help lists the options)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _HelpFormatter(HelpFormatter):
+    def _format_args(self, action, default_metavar):
+        # -c's nargs="?" is only there to catch a missing number (_CHECK_WITHOUT_COUNT): the number is required.
+        if action.const is _CHECK_WITHOUT_COUNT:
+            return self._metavar_formatter(action, default_metavar)(1)[0]
+        return super()._format_args(action, default_metavar)
 
 
 def _size(what: str):
@@ -103,8 +140,8 @@ def _backends(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpucoll-bench", description="Benchmark and check gpucoll collectives with "
-                                "nccl-tests' flags and table.", epilog=_EPILOG, formatter_class=HelpFormatter)
+    p = _Parser(prog="gpucoll-bench", description="Benchmark and check gpucoll collectives with nccl-tests' flags and "
+                "table.", epilog=_EPILOG, formatter_class=_HelpFormatter)
     d = Params()
     p.add_argument("collective", type=colls.canonical, choices=colls.names(), help="the collective to run")
     p.add_argument("-b", "--minbytes", type=_size("-b/--minbytes"), default=d.minbytes,
@@ -120,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warmup iterations")
     p.add_argument("-c", "--check", type=_int("check count", 0), default=d.check, nargs="?",
                    const=_CHECK_WITHOUT_COUNT, metavar="N",
-                   help="nccl-tests' -c: verified iterations per row (0: no check, #wrong shows N/A)")
+                   help="nccl-tests' -c: verified iterations per row (0: no check, #wrong shows N/A); always a number "
+                        "(the health check is --health-check)")
     p.add_argument("-d", "--datatype", type=_choices("datatype", list(colls.DTYPES), colls.ALIASES),
                    default=d.dtypes, help="datatype(s), nccl-tests names, or all")
     p.add_argument("-o", "--op", type=_choices("op", list(colls.OPS)), default=None,
@@ -169,10 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> Params:
     """argv -> Params. Bad usage exits through argparse (status 2) with the reason."""
     parser = build_parser()
+    if check_without_count(list(sys.argv[1:] if argv is None else argv)):
+        parser.error(CHECK_TAKES_A_NUMBER)
     args = parser.parse_args(argv)
-    if args.check is _CHECK_WITHOUT_COUNT:
-        parser.error("-c/--check takes a number: nccl-tests' verified iterations per row (0: none). The health check "
-                     "of every collective is gpucoll-bench --health-check")
+    if args.check is _CHECK_WITHOUT_COUNT:  # an abbreviation (--che) that check_without_count does not know
+        parser.error(CHECK_TAKES_A_NUMBER)
     misplaced = [flag for flag, v in (("--health-check", args.health_check), ("--colls", args.colls),
                                       ("--require-gpu", args.require_gpu), ("--tuning", args.tuning)) if v]
     if misplaced:
@@ -240,7 +279,8 @@ def _parse_algos(parser, coll, text: str, notes: list) -> tuple[list[str], bool]
             algos += [k for k in known if _C.algorithm_supports(k, coll.coll_id)]
             skipped = [k for k in known if not _C.algorithm_supports(k, coll.coll_id)]
             if skipped:
-                notes.append(f"--algo all: skipped {', '.join(skipped)} (they do not implement {coll.name})")
+                notes.append(f"--algo all: skipped {_and(skipped)}, which {'does' if len(skipped) == 1 else 'do'} "
+                             f"not implement {coll.name}")
             continue
         if a != "auto" and a not in known:
             parser.error(f"unknown --algo {a!r}: expected auto, all or one of {', '.join(known)}")
@@ -253,3 +293,6 @@ def _parse_algos(parser, coll, text: str, notes: list) -> tuple[list[str], bool]
     return list(dict.fromkeys(algos)), algo_all
 
 
+def _and(names: list[str]) -> str:
+    """["a"] -> "a", ["a", "b", "c"] -> "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -1,6 +1,5 @@
-"""gpucoll-bench --health-check: a quick health check of a machine (a CI runner, a new box). Older spellings:
-gpucoll-bench check, and --check as the first argument (after a collective, -c/--check N is nccl-tests' count of
-verified iterations).
+"""gpucoll-bench --health-check: a quick health check of a machine (a CI runner, a new box). Also spelled
+gpucoll-bench check. (-c/--check N is nccl-tests' count of verified iterations per row, never the health check.)
 
 A short sweep (-b 1K -e 64K -f 4 -n 5 -w 1 -c 1) of every collective, all collectives in one set of ranks per
 backend. Backends: --backend, else the GPU backends gpucoll can run here (nccl, custom), else (no GPU) the host
@@ -60,7 +59,7 @@ def _no_gpu_reason(problems: dict) -> str:
 
 
 def default_backends() -> tuple[list[str], str | None]:
-    """The default backends of --check and why no GPU is checked (None when one is): the GPU backends that can
+    """The default backends of --health-check and why no GPU is checked (None when one is): the GPU backends that can
     run here, else the host backend."""
     problems = gpu_backend_problems()
     gpu = [b for b, why in problems.items() if why is None]
@@ -174,8 +173,8 @@ def check_main(argv: list[str]) -> int:
             print(f"check: no GPU backend can run here, checking the host backend only: {args.no_gpu}")
         status, docs = _run_checks(args, names, backends, argv)
         if args.plot and docs:
-            plot_docs([(f"{d['environment']['backend']} {d['config']['collective']}", d) for d in docs], args.plot,
-                      title="gpucoll-bench --health-check")
+            # Labelled by backend: one line style per backend, one color per collective (plot_docs).
+            plot_docs([(d["environment"]["backend"], d) for d in docs], args.plot)
         checked = ", ".join(backends) + (" only: no GPU checked" if args.no_gpu else "")
         print(f"check: {'OK' if status == EXIT_OK else 'FAILED'} ({len(docs)} runs; backends: {checked})")
     if args.json:

@@ -19,6 +19,7 @@ import traceback
 
 from gpucoll import config
 from gpucoll import errors as gpucoll_errors
+from gpucoll._help import reader_may_leave
 from gpucoll._native import _C
 from gpucoll.backends import nccl
 from gpucoll.bench import colls, devmem, harness, launch, peers, report, virtual
@@ -277,6 +278,8 @@ def _failed(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         print("gpucoll-bench: interrupted", file=sys.stderr)
         return 130
+    if isinstance(e, BrokenPipeError):
+        raise e  # rank 0 writes the table: its reader left (`| head`), which main's wrapper ends quietly
     sys.stdout.flush()
     print(f"gpucoll-bench: error: the run failed: {type(e).__name__}: {e}", file=sys.stderr)
     rank = getattr(e, "rank", None)
@@ -307,14 +310,14 @@ def plan_backends(p: Params) -> list[tuple[str, Params]]:
     return out
 
 
+@reader_may_leave
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["report"]:
         return report_main(args[1:])
-    # The health check: `gpucoll-bench --health-check` (or `check`, or `--check` as the first argument, its older
-    # spellings); -c/--check N after a collective stays nccl-tests' check count.
-    if args[:1] in (["--health-check"], ["health-check"], ["check"]) or (
-            args[:1] == ["--check"] and (len(args) == 1 or not args[1].lstrip("-").isdigit())):
+    # The health check: `gpucoll-bench --health-check` (or the words `health-check` and `check`). -c/--check is
+    # nccl-tests' count of verified iterations wherever it appears, and always takes its number (args.py).
+    if args[:1] in (["--health-check"], ["health-check"], ["check"]):
         return check_main(args[1:])
     try:
         p = parse_args(argv)

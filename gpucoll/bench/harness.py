@@ -65,7 +65,7 @@ class Params:
     compare: str | None = None  # --compare gloo: the peer's name; peer_times holds its measurements
     peer_times: dict = field(default_factory=dict)  # (type, redop, size) -> seconds
     progress: bool = False  # tqdm bar on stderr (decided by the cli: stderr a TTY and enough rows)
-    quiet: bool = False  # no table (--check prints its own summary)
+    quiet: bool = False  # no table (--health-check prints its own summary)
     table_to_stderr: bool = False  # --json - / --csv -: stdout carries the data, the table goes to stderr
     timeout: float = 300.0
     backend: str = "host"
@@ -322,6 +322,9 @@ class _Rank:
             # A sweep may run one backend twice (--backend nccl,auto where auto is nccl): the label keeps each run's
             # rows apart in the merged JSON and the plot.
             row["backend_label"] = p.backend_label or self.comm.backend
+            # Each row says whether it ran on gpucoll's emulated CUDA device, so that no row copied out of its file
+            # (a spreadsheet, a plot of merged runs) passes for a GPU timing.
+            row["emulated"] = bool(getattr(self.mem, "emulated", False))
             oop = None
             for in_place in (False, True):
                 res = self.bench(dt, op, algo, counts, in_place)
@@ -351,6 +354,40 @@ class _Rank:
         except GpucollError:
             return None
 
+    def _devices(self) -> str:
+        if self.mem.kind != "cuda":
+            return "cpu"
+        return "cuda (emulated)" if getattr(self.mem, "emulated", False) else "cuda"
+
+    def _picks(self, algo: str) -> str:
+        """What "auto" runs, for its block's heading: " (picks oneshot up to 64K, twoshot from 256K)", per datatype
+        when they differ; "" for a named algorithm, and where the communicator cannot tell. A bare "auto" left the
+        reader to guess which algorithm the numbers below belong to."""
+        if algo != "auto" or not self.out.enabled:
+            return ""
+        per_type = {}
+        for name in self.p.dtypes:
+            dt = DTYPES[name]
+            runs: list = []  # [algorithm, first size, last size] per run of equal picks in size order
+            for size in sizes(self.p):
+                counts = self.coll.counts(size // dt.itemsize, self.n, dt.itemsize)
+                nbytes = max(counts.send, counts.recv) * dt.itemsize
+                pick = self._resolved(dt, algo, nbytes)
+                if pick is None:
+                    return ""
+                pick = pick.removeprefix(f"{self.comm.backend}:")  # "custom:oneshot" in a custom block: "oneshot"
+                if runs and runs[-1][0] == pick:
+                    runs[-1][2] = nbytes
+                else:
+                    runs.append([pick, nbytes, nbytes])
+            per_type[name] = _ranges(runs)
+        texts = list(dict.fromkeys(per_type.values()))
+        if texts == ["nccl at every size"]:
+            return " (NCCL picks its own algorithm per call)"
+        if len(texts) == 1:
+            return f" (picks {texts[0]})"
+        return " (picks " + "; ".join(f"{name}: {text}" for name, text in per_type.items()) + ")"
+
     def _tick(self) -> None:
         """One row done: advance the bar, or start it once the sweep has run PROGRESS_AFTER_S. Started late rather
         than with tqdm's delay: the table clears and redraws the bar around each row (report.Printer), and a
@@ -370,7 +407,7 @@ class _Rank:
         p = self.p
         ranks = self.rank_info()
         self.out.lines(report.preamble_lines(p.program, _version(), p, self.n, p.backend_label or self.comm.backend,
-                                             p.algos, ranks))
+                                             p.algos, ranks, self._devices()))
         self.out.lines([f"# {note}\n" for note in p.notes])
         if getattr(self.mem, "emulated", False):
             self.out.write("# Device: gpucoll's emulated CUDA device (a CPU emulation, not a GPU): every row is "
@@ -381,7 +418,7 @@ class _Rank:
                 * len(sizes(p))
             self._progress_from = time.monotonic()
         for algo in p.algos:
-            self.out.write(f"#\n# Algorithm: {algo}\n")
+            self.out.write(f"#\n# Algorithm: {algo}{self._picks(algo)}\n")
             self.out.lines(report.header_lines_peer(p.compare) if p.compare else report.header_lines())
             for name in p.dtypes:
                 for op in (p.ops if self.coll.reduces else ["sum"]):
@@ -404,7 +441,8 @@ class _Rank:
 
     def _json_doc(self, ranks, errors: int, avg_bw: float, per_algo: dict, started: float) -> dict:
         p = self.p
-        config = {"collective": p.coll, "nthreads": 1, "ngpus": 1, "minimum_bytes": p.minbytes,
+        config = {"collective": p.coll, "nthreads": 1, "ngpus": 1 if self.mem.kind == "cuda" else 0,
+                  "nranks": self.n, "device_kind": self._devices(), "minimum_bytes": p.minbytes,
                   "maximum_bytes": p.maxbytes, "warmup_iters": p.warmup_iters, "iterations": p.iters,
                   "aggregated_iterations": 1, "validation": p.check, "graph": p.graph,
                   "blocking": p.blocking, "datatypes": p.dtypes,
@@ -423,6 +461,23 @@ class _Rank:
                 "out_of_bounds": {"count": errors, "okay": errors == 0},
                 "average_bus_bandwidth": {"bandwidth": avg_bw, "per_algo": per_algo, "min": p.min_busbw,
                                           "okay": "unchecked" if p.min_busbw is None else avg_bw >= p.min_busbw}}
+
+
+def _ranges(runs: list) -> str:
+    """[[pick, first size, last size], ...] in size order -> "oneshot up to 64K, twoshot from 256K"."""
+    if len(runs) == 1:
+        return f"{runs[0][0]} at every size"
+    parts = []
+    for i, (pick, lo, hi) in enumerate(runs):
+        if i == 0:
+            parts.append(f"{pick} up to {report.size_label(hi)}")
+        elif i == len(runs) - 1:
+            parts.append(f"{pick} from {report.size_label(lo)}")
+        elif lo == hi:
+            parts.append(f"{pick} at {report.size_label(lo)}")
+        else:
+            parts.append(f"{pick} at {report.size_label(lo)}-{report.size_label(hi)}")
+    return ", ".join(parts)
 
 
 def _info() -> dict:

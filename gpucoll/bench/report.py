@@ -82,12 +82,17 @@ def footer_lines(errors: int, avg_busbw: float, program: str, per_algo: dict[str
 
 
 def preamble_lines(program: str, version: str, params, nranks: int, backend: str, algos: Sequence[str],
-                   ranks: Sequence[dict]) -> list[str]:
+                   ranks: Sequence[dict], devices: str = "cpu") -> list[str]:
+    """nccl-tests' lines before the table. `devices` says what a rank runs on: "cpu", "cuda" or "cuda (emulated)".
+    nccl-tests' "nGpus" (GPUs per process) stays where ranks hold a GPU, and "nRanks N devices KIND" follows: its
+    "nGpus 1" alone said that CPU ranks had a GPU each and gave no rank count."""
     step = f"{params.stepfactor}(factor)" if params.stepfactor > 1 else f"{params.stepbytes}(bytes)"
+    gpus = "nGpus 1 " if devices.startswith("cuda") else ""
     lines = [
         f"# gpucoll-bench (gpucoll {version}, nccl-tests format) backend: {backend} algo: {','.join(algos)}\n",
         f"# Collective test starting: {program}\n",
-        (f"# nThread 1 nGpus 1 minBytes {params.minbytes} maxBytes {params.maxbytes} step: {step} warmup iters: "
+        (f"# nThread 1 {gpus}nRanks {nranks} devices {devices} minBytes {params.minbytes} maxBytes {params.maxbytes} "
+         f"step: {step} warmup iters: "
          f"{params.warmup_iters} iters: {params.iters} agg iters: 1 validation: {params.check} graph: "
          f"{getattr(params, 'graph', 0)} unalign: 0\n"),
         "#\n",

@@ -22,6 +22,7 @@ import numpy as np
 
 from gpucoll import testing
 from gpucoll._native import _C
+from gpucoll.backends import custom
 from gpucoll.bench import devmem
 from gpucoll.errors import InvalidArgument, RemoteError, Unsupported
 
@@ -173,6 +174,13 @@ class VirtualComm:
 
     def barrier(self) -> None:
         self._world.exchange(self.rank, "barrier", None, lambda vals: None)
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        """The kernel a call runs, as CustomComm names it ("custom:oneshot"): virtual ranks resolve "auto" by
+        gpucoll.testing.VirtualRanks' rule, the kernels' own size rule. Their kernels are all_reduce's (coll 0)."""
+        if coll != 0:
+            raise Unsupported("virtual ranks run gpucoll's all_reduce kernels only")
+        return f"custom:{custom.resolve_algo(algo, nbytes, self.world_size)}"
 
     def all_reduce(self, x, out=None, op="sum", algo="auto"):
         return self._call("all_reduce", x, out, op=op, algo=algo)

@@ -10,8 +10,11 @@ peer can make it spend is bounded:
   answers in a round trip is never the oldest for long, an idle attacker always is), and ``max_conns`` bounds all
   of them (from the file-descriptor limit, so rank 0 keeps descriptors of its own);
 * a frame must arrive whole within ``frame_timeout`` of its first byte (one byte every 20 s does not keep it
-  open), at most ``MAX_FRAME`` long, and the bytes buffered for all connections together stay under
-  ``max_buffered``: a connection that would pass it is dropped.
+  open), at most ``MAX_FRAME`` long;
+* what the server holds for its connections together (frames being received, replies not yet sent, parked
+  requests' keys) stays under ``max_buffered``. When it would pass, the connection holding the most pays: it is
+  dropped, or, if it is the one asking, refused with an error reply. A reply carries a stored value by reference
+  (one copy however many ranks read it), and one request names at most ``MAX_KEYS`` keys.
 
 Blocking requests (``get``, ``wait``) park the connection, not a thread. Ranks register on their connection
 (``_OP_REGISTER``); a registered rank whose last connection closes without a goodbye is *lost* once there is
@@ -23,12 +26,11 @@ timeout.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import dataclasses
-import heapq
 import hmac
 import math
-import resource
+import re
 import secrets
 import selectors
 import socket
@@ -37,50 +39,16 @@ import time
 
 from gpucoll import errors
 from gpucoll.bootstrap import _wire as w
+from gpucoll.bootstrap._conn import Conn, Limits
 from gpucoll.bootstrap._liveness import host_identity, pid_exited
+from gpucoll.bootstrap._waits import Waiter, Waits
 from gpucoll.errors import RemoteError
 
-
-def _default_max_conns() -> int:
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return 4096
-    return max(32, min(4096, soft - 128))
+_COUNTER = re.compile(rb"-?[0-9]{1,19}")  # what add() stores: ASCII decimal, nothing int() would also forgive
 
 
-@dataclasses.dataclass
-class Limits:
-    max_conns: int = dataclasses.field(default_factory=_default_max_conns)
-    max_pending: int = 128
-    handshake_timeout: float = w._HANDSHAKE_TIMEOUT
-    frame_timeout: float = w._FRAME_TIMEOUT
-    max_buffered: int = 256 << 20
-    lost_grace: float = 3.0
-
-
-class _Conn:
-    __slots__ = ("authed", "clean", "closed", "frame_since", "local", "nonce", "peer", "pid", "rank",
-                 "rbuf", "since", "sock", "waiter", "wbuf", "writing")
-
-    def __init__(self, sock, peer, nonce: bytes, now: float):
-        self.sock, self.peer, self.nonce = sock, peer, nonce
-        self.rbuf, self.wbuf = bytearray(), bytearray()
-        self.authed = self.clean = self.closed = self.writing = False
-        self.since = now  # accepted at (handshake deadline)
-        self.frame_since = None  # first byte of the frame being received
-        self.rank = self.pid = None
-        self.local = False
-        self.waiter = None
-
-
-class _Waiter:
-    __slots__ = ("conn", "deadline", "done", "keys", "op")
-
-    def __init__(self, conn, op, keys, deadline):
-        self.conn, self.op, self.keys, self.deadline, self.done = conn, op, keys, deadline, False
-
-    def __lt__(self, other):  # heap ties
-        return id(self) < id(other)
+# epoll sleeps at most INT_MAX ms (24.8 days) and raises OverflowError beyond: the loop wakes at least this often.
+_MAX_SLEEP = 3600.0
 
 
 class Server:
@@ -111,8 +79,8 @@ class Server:
         self._conns: set = set()
         self._pending: dict = {}  # unauthenticated connections, oldest first (dicts keep insertion order)
         self._receiving: set = set()  # connections in the middle of a frame
-        self._waiters_by_key: dict = {}
-        self._deadlines: list = []  # heap of (deadline, waiter)
+        self._waits = Waits(self._data)
+        self._pinned: dict = {}  # id(value) -> [value, replies holding it]: stored values in flight, counted once
         self._ranks: dict = {}  # rank -> live registered connections
         self._suspects: dict = {}  # rank -> (pid or None, local, since): closed without a goodbye
         self._lost: dict = {}  # rank -> why
@@ -156,19 +124,19 @@ class Server:
         finally:
             self._shutdown()
 
-    def _next_timeout(self) -> float | None:
-        timeout = None
-        if self._deadlines:
-            timeout = max(0.0, self._deadlines[0][0] - time.monotonic())
+    def _next_timeout(self) -> float:
+        timeout = _MAX_SLEEP
+        deadline = self._waits.next_deadline()
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         if self._pending or self._receiving or self._suspects:
-            timeout = 0.02 if timeout is None else min(timeout, 0.02)
+            timeout = min(timeout, 0.02)
         return timeout
 
     def _on_timers(self) -> None:
         now = time.monotonic()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, waiter = heapq.heappop(self._deadlines)
-            if not waiter.done:
+        for waiter in self._waits.expired(now):
+            if not waiter.done:  # an earlier one's reply may have closed its connection
                 self._finish(waiter, self._timeout_reply(waiter))
         for conn in [c for c in self._pending if now - c.since > self.limits.handshake_timeout]:
             self._drop(conn, f"no authentication within {self.limits.handshake_timeout:g} s", "slow")
@@ -200,13 +168,13 @@ class Server:
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, peer, secrets.token_bytes(w.NONCE_BYTES), time.monotonic())
+            conn = Conn(sock, peer, secrets.token_bytes(w.NONCE_BYTES), time.monotonic())
             self._conns.add(conn)
             self._pending[conn] = None
             self._sel.register(sock, selectors.EVENT_READ, conn)
             self._send(conn, w.HELLO_MAGIC + bytes([w.PROTOCOL_VERSION]) + conn.nonce)
 
-    def _on_readable(self, conn: _Conn) -> None:
+    def _on_readable(self, conn: Conn) -> None:
         room = w.RESPONSE_BYTES - len(conn.rbuf) if not conn.authed else 1 << 20
         try:
             data = conn.sock.recv(room)
@@ -222,15 +190,9 @@ class Server:
         if not conn.authed:
             self._handshake(conn, data)
             return
-        while self._buffered + len(data) > self.limits.max_buffered:
-            # Over the cap: the connection holding the most goes (a member flooding the store, not the ranks
-            # whose small requests happen to arrive at that moment).
-            hog = max(self._receiving, key=lambda c: len(c.rbuf), default=None)
-            if hog is None or len(hog.rbuf) < len(conn.rbuf) + len(data):
-                hog = conn
-            self._drop(hog, f"the store's buffers would exceed {self.limits.max_buffered} bytes", "memory")
-            if hog is conn:
-                return
+        if self._make_room(conn, len(data)):
+            self._drop(conn, f"the store's buffers would exceed {self.limits.max_buffered} bytes", "memory")
+            return
         if not conn.rbuf:
             conn.frame_since = time.monotonic()
             self._receiving.add(conn)
@@ -238,7 +200,7 @@ class Server:
         self._buffered += len(data)
         self._take_frames(conn)
 
-    def _handshake(self, conn: _Conn, data: bytes) -> None:
+    def _handshake(self, conn: Conn, data: bytes) -> None:
         conn.rbuf += data
         head = bytes(conn.rbuf[:len(w.HELLO_MAGIC)])
         if head != w.HELLO_MAGIC[:len(head)]:
@@ -256,7 +218,7 @@ class Server:
         del self._pending[conn]
         self._send(conn, bytes([w.AUTH_OK]) + w.server_mac(self._key, conn.nonce, nonce))
 
-    def _take_frames(self, conn: _Conn) -> None:
+    def _take_frames(self, conn: Conn) -> None:
         buf = conn.rbuf
         while conn.waiter is None and not conn.closed and len(buf) >= w._HEADER.size:
             magic, length = w._HEADER.unpack_from(buf)
@@ -286,31 +248,81 @@ class Server:
         if conn.waiter is not None:
             self._receiving.discard(conn)  # what follows a parked request waits; its deadline starts later
 
-    def _send(self, conn: _Conn, data: bytes) -> None:
-        if len(conn.wbuf) + len(data) > w.MAX_FRAME + (1 << 20):
+    @staticmethod
+    def _held(conn: Conn) -> int:
+        return len(conn.rbuf) + conn.wlen + (conn.waiter.cost if conn.waiter is not None else 0)
+
+    def _make_room(self, conn: Conn, extra: int) -> bool:
+        """Makes room for `extra` more bytes held for `conn` under the cap by dropping whichever other connections
+        hold more than `conn` would; True when `conn` itself holds the most (the caller refuses it). The ranks whose
+        small requests arrive while another connection fills the store never pay for it."""
+        while self._buffered + extra > self.limits.max_buffered:
+            hog = max((c for c in self._conns if c.authed and c is not conn), key=self._held, default=None)
+            if hog is None or self._held(hog) <= self._held(conn) + extra:
+                return True
+            self._drop(hog, f"the store's buffers would exceed {self.limits.max_buffered} bytes, and this "
+                            f"connection held the most ({self._held(hog)} bytes)", "memory")
+        return False
+
+    def _send(self, conn: Conn, reply) -> None:
+        """Queues `reply` (bytes, or (head, stored value) for a reply that carries a value) and sends what it can."""
+        head, value = (reply, None) if isinstance(reply, bytes) else reply
+        size = len(head) + (len(value) if value is not None else 0)
+        if conn.wlen + size > w.MAX_FRAME + (1 << 20):
             self._drop(conn, "it does not read its replies", "memory")
             return
-        conn.wbuf += data
-        self._buffered += len(data)
+        extra = len(head) + (len(value) if value is not None and id(value) not in self._pinned else 0)
+        if self._make_room(conn, extra) and value is not None:
+            head, value = self._error(errors.InvalidUsage, (
+                f"the rendezvous store cannot send this {len(value)}-byte value now: replies and requests it holds "
+                f"would pass its cap of {self.limits.max_buffered} bytes. Store values are rendezvous data: keep "
+                f"them small")), None
+        conn.wq.append([memoryview(head), None])
+        conn.wlen += len(head)
+        self._buffered += len(head)
+        if value is not None:
+            pin = self._pinned.setdefault(id(value), [value, 0])
+            if pin[1] == 0:
+                self._buffered += len(value)
+            pin[1] += 1
+            conn.wq.append([memoryview(value), value])
+            conn.wlen += len(value)
         self._flush(conn)
 
-    def _flush(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.wbuf) if conn.wbuf else 0
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as e:
-            self._close(conn, f"connection error: {e}")
-            return
-        del conn.wbuf[:sent]
-        self._buffered -= sent
-        writing = bool(conn.wbuf)
+    def _unpin(self, value: bytes) -> None:
+        pin = self._pinned[id(value)]
+        pin[1] -= 1
+        if pin[1] == 0:
+            del self._pinned[id(value)]
+            self._buffered -= len(value)
+
+    def _flush(self, conn: Conn) -> None:
+        while conn.wq:
+            chunk = conn.wq[0]
+            view, value = chunk
+            try:
+                sent = conn.sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._close(conn, f"connection error: {e}")
+                return
+            conn.wlen -= sent
+            if value is None:
+                self._buffered -= sent
+            if sent < len(view):
+                chunk[0] = view[sent:]
+                break
+            conn.wq.popleft()
+            if value is not None:
+                self._unpin(value)
+        writing = bool(conn.wq)
         if writing != conn.writing:
             conn.writing = writing
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
             self._sel.modify(conn.sock, events, conn)
 
-    def _drop(self, conn: _Conn, why: str, kind: str, verdict: int | None = None) -> None:
+    def _drop(self, conn: Conn, why: str, kind: str, verdict: int | None = None) -> None:
         self._dropped[kind] = self._dropped.get(kind, 0) + 1
         message = f"rendezvous store: dropping {conn.peer}: {why}"
         if conn.authed:
@@ -322,7 +334,7 @@ class Server:
                 conn.sock.send(bytes([verdict]))
         self._close(conn, None, dropped=True)
 
-    def _close(self, conn: _Conn, why: str | None, dropped: bool = False) -> None:
+    def _close(self, conn: Conn, why: str | None, dropped: bool = False) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -335,8 +347,12 @@ class Server:
         self._pending.pop(conn, None)
         self._receiving.discard(conn)
         self._buffered -= len(conn.rbuf) if conn.authed else 0
-        self._buffered -= len(conn.wbuf)
-        conn.rbuf, conn.wbuf = bytearray(), bytearray()
+        for view, value in conn.wq:
+            if value is None:
+                self._buffered -= len(view)
+            else:
+                self._unpin(value)
+        conn.rbuf, conn.wq, conn.wlen = bytearray(), collections.deque(), 0
         if conn.waiter is not None:
             self._unpark(conn.waiter)
             conn.waiter = None
@@ -368,11 +384,11 @@ class Server:
 
     def _mark_lost(self, rank: int, why: str) -> None:
         self._lost[rank] = why
-        for waiter in [wt for ws in self._waiters_by_key.values() for wt in ws]:
+        for waiter in self._waits.parked():
             if not waiter.done:
                 self._finish(waiter, self._tell_lost(waiter.conn))
 
-    def _tell_lost(self, conn: _Conn) -> bytes:
+    def _tell_lost(self, conn: Conn) -> bytes:
         if conn.rank is not None:
             self._told.add(conn.rank)
         return self._lost_reply()
@@ -384,7 +400,7 @@ class Server:
         return out.frame()
 
     # -- commands -----------------------------------------------------------------------------------------------------
-    def _dispatch(self, conn: _Conn, payload: bytes) -> bytes | None:
+    def _dispatch(self, conn: Conn, payload: bytes) -> bytes | None:
         r = w._Reader(payload)
         op = r.u8()
         out = w._Writer()
@@ -399,15 +415,16 @@ class Server:
             key, timeout = r.str(), self._timeout(r)
             r.end()
             if key in data:
-                return out.u8(w._ST_OK).blob(data[key]).frame()
+                return self._value_reply(data[key])
             return self._park(conn, w._OP_GET, [key], timeout)
         elif op == w._OP_ADD:
             key, amount = r.str(), r.i64()
             r.end()
-            try:
-                new = int(data.get(key, b"0").decode("ascii")) + amount
-            except (UnicodeDecodeError, ValueError):
-                return self._error(errors.InvalidArgument, f"add: key {key!r} holds a value that is not a counter")
+            old = data.get(key, b"0")
+            if not _COUNTER.fullmatch(old):  # int() would also take " 7 " and "1_000"
+                return self._error(errors.InvalidArgument, f"add: key {key!r} holds a value that is not a counter "
+                                                           f"(a decimal integer): {old[:32]!r}")
+            new = int(old) + amount
             if not w._INT64_MIN <= new <= w._INT64_MAX:
                 return self._error(errors.InvalidArgument, f"add: counter {key!r} would overflow int64")
             # Counters are stored as ASCII decimal (as torch's TCPStore does), so get() reads them too.
@@ -415,7 +432,7 @@ class Server:
             self._wake(key)
             out.u8(w._ST_OK).i64(new)
         elif op == w._OP_CHECK:
-            keys = r.strs()
+            keys = r.strs(w.MAX_KEYS)
             r.end()
             out.u8(w._ST_OK).blob(bytes(1 if k in data else 0 for k in keys))
         elif op == w._OP_DELETE:
@@ -423,7 +440,7 @@ class Server:
             r.end()
             out.u8(w._ST_OK).u8(1 if data.pop(key, None) is not None else 0)
         elif op == w._OP_WAIT:
-            timeout, keys = self._timeout(r), r.strs()
+            timeout, keys = self._timeout(r), r.strs(w.MAX_KEYS)
             r.end()
             if all(k in data for k in keys):
                 return out.u8(w._ST_OK).frame()
@@ -454,42 +471,35 @@ class Server:
             raise w._ProtocolError(f"unknown opcode {op}")
         return out.frame()
 
-    def _park(self, conn: _Conn, op: int, keys: list, timeout: float) -> bytes | None:
+    def _park(self, conn: Conn, op: int, keys: list, timeout: float) -> bytes | None:
         if self._lost:
             return self._tell_lost(conn)  # whoever would set the key may be the rank that is gone
-        waiter = _Waiter(conn, op, keys, time.monotonic() + timeout)
+        missing = {k for k in keys if k not in self._data}
+        # What a parked request holds: its keys (counted with CPython's per-object overhead) and its index entries.
+        cost = sum(len(k) for k in keys) + 160 * len(keys)
+        if self._make_room(conn, cost):
+            return self._error(errors.InvalidUsage, f"the rendezvous store cannot park a wait on {len(keys)} keys "
+                                                    f"now: it would pass its cap of {self.limits.max_buffered} bytes")
+        waiter = Waiter(conn, op, keys, time.monotonic() + timeout, missing, cost)
         conn.waiter = waiter
-        for k in keys:
-            self._waiters_by_key.setdefault(k, []).append(waiter)
-        if len(self._deadlines) > 1024 + 4 * len(self._conns):
-            # Answered waits stay in the heap until their deadline (lazy deletion); long timeouts would pile up.
-            self._deadlines = [e for e in self._deadlines if not e[1].done]
-            heapq.heapify(self._deadlines)
-        heapq.heappush(self._deadlines, (waiter.deadline, waiter))
+        self._buffered += cost
+        self._waits.park(waiter, compact_above=1024 + 4 * len(self._conns))
         return None
 
     def _wake(self, key: str) -> None:
-        waiters = self._waiters_by_key.get(key)
-        if not waiters:
+        for waiter in self._waits.completed_by(key):
+            if not waiter.done:  # finishing one may have closed another's connection
+                ok = self._value_reply(self._data[key]) if waiter.op == w._OP_GET else w._Writer().u8(w._ST_OK).frame()
+                self._finish(waiter, ok)
+
+    def _unpark(self, waiter: Waiter) -> None:
+        if waiter.done:
             return
-        for waiter in list(waiters):
-            if waiter.done:
-                continue
-            if waiter.op == w._OP_GET:
-                self._finish(waiter, w._Writer().u8(w._ST_OK).blob(self._data[key]).frame())
-            elif all(k in self._data for k in waiter.keys):
-                self._finish(waiter, w._Writer().u8(w._ST_OK).frame())
-
-    def _unpark(self, waiter: _Waiter) -> None:
         waiter.done = True
-        for k in waiter.keys:
-            ws = self._waiters_by_key.get(k)
-            if ws is not None:
-                ws[:] = [x for x in ws if x is not waiter]
-                if not ws:
-                    del self._waiters_by_key[k]
+        self._buffered -= waiter.cost
+        self._waits.forget(waiter)
 
-    def _finish(self, waiter: _Waiter, reply: bytes) -> None:
+    def _finish(self, waiter: Waiter, reply: bytes) -> None:
         self._unpark(waiter)
         conn = waiter.conn
         if conn.closed:
@@ -501,7 +511,7 @@ class Server:
             self._receiving.add(conn)
             self._take_frames(conn)
 
-    def _timeout_reply(self, waiter: _Waiter) -> bytes:
+    def _timeout_reply(self, waiter: Waiter) -> bytes:
         out = w._Writer().u8(w._ST_TIMEOUT)
         if waiter.op == w._OP_WAIT:
             out.strs([k for k in waiter.keys if k not in self._data])
@@ -513,6 +523,11 @@ class Server:
         if math.isnan(t):
             raise w._ProtocolError("timeout is NaN")
         return min(max(t, 0.0), 1e7)  # about 4 months: a deadline the heap can hold
+
+    @staticmethod
+    def _value_reply(value: bytes):
+        # The value travels by reference (see _send): OK | u32 length, then the stored bytes object itself.
+        return w._HEADER.pack(w.MAGIC, 5 + len(value)) + bytes([w._ST_OK]) + len(value).to_bytes(4, "big"), value
 
     @staticmethod
     def _error(exc_type, message: str) -> bytes:
@@ -565,7 +580,7 @@ class Server:
         # Parked requests are answered (their ranks learn at once), then every connection closes.
         closed = w._Writer().u8(w._ST_ERROR).u8(RemoteError.code).str(
             "the rendezvous store server (rank 0) shut down while this request waited").frame()
-        for _, waiter in self._deadlines:
+        for waiter in self._waits.parked():
             if not waiter.done and not waiter.conn.closed:
                 waiter.done = True
                 with contextlib.suppress(OSError):

@@ -33,6 +33,7 @@ RESPONSE_BYTES = len(HELLO_MAGIC) + NONCE_BYTES + MAC_BYTES  # the client's answ
 AUTH_OK, AUTH_DENIED, AUTH_BUSY = 0, 1, 2  # first byte of the server's verdict
 MIN_SECRET_BYTES = 16
 MAX_FRAME = 64 << 20  # rendezvous values are small (an NCCL unique id is 128 bytes); 64 MiB is generous
+MAX_KEYS = 1 << 16  # keys in one wait/check: a rank per key for the largest jobs, ~10 MiB of server memory
 _HEADER = struct.Struct("!4sI")
 _FRAME_TIMEOUT = 30.0  # a frame must arrive whole within this from its first byte (a stalled peer is dropped)
 _HANDSHAKE_TIMEOUT = 5.0  # a connection that has not authenticated within this is dropped
@@ -139,8 +140,11 @@ class _Reader:
         except UnicodeDecodeError:
             raise _ProtocolError("key is not valid UTF-8") from None
 
-    def strs(self) -> list[str]:
-        return [self.str() for _ in range(self.u32())]  # a huge count fails on the first missing item
+    def strs(self, limit: int = MAX_KEYS) -> list[str]:
+        n = self.u32()
+        if n > limit:  # refused before any is decoded: each costs the server ~100 bytes more than on the wire
+            raise _ProtocolError(f"{n} keys in one request (at most {limit})")
+        return [self.str() for _ in range(n)]
 
     def end(self) -> None:
         if self._pos != len(self._data):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 import os
 import secrets
 import socket
@@ -23,7 +22,7 @@ import sys
 import threading
 import time
 
-from gpucoll import _log, config, errors
+from gpucoll import _log, _timeout, config, errors
 from gpucoll.bootstrap import _wire as w
 from gpucoll.bootstrap._liveness import host_identity
 from gpucoll.bootstrap._server import Limits, Server
@@ -122,7 +121,7 @@ class TCPStore:
             raise InvalidArgument(f"host must be a string (host name or IP address), got {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgument(f"port must be an integer in [0, 65535], got {port!r}")
-        self.timeout = self._check_timeout(timeout, "timeout")
+        self.timeout = _timeout.check(timeout)
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise InvalidArgument(f"rank must be a non-negative int or None, got {rank!r}")
         # like=: a store for the same job (a communicator made from another one), admitting the same members.
@@ -152,15 +151,8 @@ class TCPStore:
 
     # -- plumbing -----------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _check_timeout(timeout, name: str) -> float:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-                or math.isinf(timeout):
-            raise InvalidArgument(f"{name} must be a positive, finite number of seconds, got {timeout!r}")
-        return float(timeout)
-
     def _op_timeout(self, timeout) -> float:
-        return self.timeout if timeout is None else self._check_timeout(timeout, "timeout")
+        return self.timeout if timeout is None else _timeout.check(timeout)
 
     def reachable_address(self) -> str:
         """An address other processes can reach this store at: the host it listens on or connects to, or for a
@@ -310,15 +302,24 @@ class TCPStore:
     def _key(key, name: str = "key") -> str:
         if not isinstance(key, str):
             raise InvalidArgument(f"{name} must be a str, got {key!r} ({type(key).__name__})")
+        try:
+            key.encode("utf-8")  # keys travel as UTF-8: a lone surrogate has no encoding
+        except UnicodeEncodeError as e:
+            raise InvalidArgument(f"{name} must be valid Unicode text (it travels as UTF-8), got {key!r}: "
+                                  f"{e.reason} at index {e.start}") from None
         return key
 
     def _keys(self, keys) -> list[str]:
         if isinstance(keys, str):
-            return [keys]
+            return [self._key(keys, "keys")]
         try:
-            return [self._key(k, "keys[]") for k in keys]
+            out = [self._key(k, "keys[]") for k in keys]
         except TypeError:
             raise InvalidArgument(f"keys must be a str or an iterable of str, got {keys!r}") from None
+        if len(out) > w.MAX_KEYS:
+            raise InvalidArgument(f"keys: {len(out)} keys in one call; the store takes at most {w.MAX_KEYS} "
+                                  f"(split the call, or use a counter: add())")
+        return out
 
     # -- API ------------------------------------------------------------------------------------------------------
 
@@ -344,8 +345,11 @@ class TCPStore:
         return self._request(_Writer().u8(_OP_ADD).str(self._key(key)).i64(amount), self.timeout).i64()
 
     def _present(self, keys: list[str]) -> list[bool]:
-        flags = self._request(_Writer().u8(_OP_CHECK).strs(keys), self.timeout).blob()
-        return [bool(f) for f in flags]
+        out = []
+        for i in range(0, len(keys), w.MAX_KEYS):  # a barrier's roll call may name more ranks than one request may
+            flags = self._request(_Writer().u8(_OP_CHECK).strs(keys[i:i + w.MAX_KEYS]), self.timeout).blob()
+            out += [bool(f) for f in flags]
+        return out
 
     def check(self, keys) -> bool:
         """True when every key in ``keys`` (a str or an iterable of str) exists. Does not wait."""

@@ -1,13 +1,17 @@
 """gpucoll for PyTorch: a torch.distributed backend and DDP communication hooks.
 
-``import gpucoll.torch`` registers the torch.distributed backend ``"gpucoll"`` for CPU and CUDA tensors; a training
-script then changes one string::
+The torch.distributed backend ``"gpucoll"`` serves CPU and CUDA tensors; a training script changes one string::
 
-    import gpucoll.torch
     dist.init_process_group("gpucoll")                  # or "cpu:gloo,cuda:gpucoll"
     group = dist.new_group([0, 1], backend="gpucoll")   # subsets too
 
-CPU tensors run on gpucoll's shared-memory host backend, CUDA tensors on its NCCL backend (on the current stream).
+torch (>= 2.5) knows the name through gpucoll's entry point (gpucoll/_torch_plugin.py), which imports this package
+when the first such group is made; ``import gpucoll.torch`` registers it too, where the entry point does not run
+(torch 2.4, TORCH_DEVICE_BACKEND_AUTOLOAD=0, gpucoll used from a checkout that is not installed).
+
+CPU tensors run on gpucoll's shared-memory host backend (on gloo when the group's ranks span machines), CUDA tensors
+on its NCCL backend (on the current stream). Errors raised through torch.distributed are torch's DistBackendError
+and gpucoll's error classes at once (gpucoll/torch/errors.py).
 Or keep the job's process group and send only DDP's gradients through gpucoll::
 
     model.register_comm_hook(None, gpucoll.torch.allreduce_hook)   # or fp16_compress_hook / bf16_compress_hook
@@ -49,7 +53,8 @@ __all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "Work", "allreduce_hook", "bf1
 
 
 def register() -> None:
-    """Registers the "gpucoll" backend with torch.distributed (done by ``import gpucoll.torch``; idempotent)."""
+    """Registers the "gpucoll" backend with torch.distributed (done by ``import gpucoll.torch``, replacing the
+    entry point's creator; idempotent)."""
     dist.Backend.register_backend(BACKEND_NAME, create, devices=["cpu", "cuda"])
 
 

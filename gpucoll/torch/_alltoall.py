@@ -22,9 +22,9 @@ class AllToAllMixin:
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if opts is None:
             opts = c10d.AllToAllOptions()
-        if self._delegate([output, input]):
-            return self._cpu_backend.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
         what = "all_to_all_single"
+        if self._delegate(what, [output, input]):
+            return self._cpu_backend.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
         self._check_same_dtype(what, output, input)
         in_rows, out_rows = self._splits(what, "input", input, input_split_sizes), \
             self._splits(what, "output", output, output_split_sizes)
@@ -45,9 +45,9 @@ class AllToAllMixin:
     def alltoall(self, output_tensors, input_tensors, opts=None):
         if opts is None:
             opts = c10d.AllToAllOptions()
-        if self._delegate(input_tensors):
-            return self._cpu_backend.alltoall(output_tensors, input_tensors, opts)
         what = "all_to_all"
+        if self._delegate(what, input_tensors):
+            return self._cpu_backend.alltoall(output_tensors, input_tensors, opts)
         n = self.size()
         if len(output_tensors) != n or len(input_tensors) != n:
             raise InvalidArgument(f"{what}: needs world_size ({n}) input and output tensors; got "

@@ -7,6 +7,8 @@ import datetime
 
 import torch
 
+from gpucoll import _timeout
+
 BACKEND_NAME = "gpucoll"  # the name registered with torch.distributed
 
 
@@ -14,8 +16,8 @@ def _seconds(timeout) -> float:
     if timeout is None:
         return 1800.0
     if isinstance(timeout, datetime.timedelta):
-        return max(timeout.total_seconds(), 1e-3)
-    return float(timeout)
+        return _timeout.clamp(max(timeout.total_seconds(), 1e-3))  # torch allows any timedelta
+    return _timeout.clamp(float(timeout))
 
 
 def _op_name(op) -> str:

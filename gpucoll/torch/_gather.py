@@ -16,9 +16,9 @@ class GatherMixin:
     def broadcast(self, tensors, opts=None):
         if opts is None:
             opts = c10d.BroadcastOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.broadcast(tensors, opts)
         what = "broadcast"
+        if self._delegate(what, tensors):
+            return self._cpu_backend.broadcast(tensors, opts)
         root = self._root(what, opts.rootRank)
         if len(tensors) != 1:
             raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
@@ -31,9 +31,9 @@ class GatherMixin:
     def allgather(self, output_tensors, input_tensors, opts=None):
         if opts is None:
             opts = c10d.AllgatherOptions()
-        if self._delegate(input_tensors):
-            return self._cpu_backend.allgather(output_tensors, input_tensors, opts)
         what = "all_gather"
+        if self._delegate(what, input_tensors):
+            return self._cpu_backend.allgather(output_tensors, input_tensors, opts)
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise Unsupported(f"{what}: gpucoll takes one input tensor and one output list per call")
         x, outs = input_tensors[0], output_tensors[0]
@@ -51,9 +51,9 @@ class GatherMixin:
     def all_gather_single(self, output_tensor, input_tensor, opts=None):
         if opts is None:
             opts = c10d.AllgatherOptions()
-        if self._delegate([output_tensor, input_tensor]):
-            return self._cpu_backend._allgather_base(output_tensor, input_tensor, opts)
         what = "all_gather_into_tensor"
+        if self._delegate(what, [output_tensor, input_tensor]):
+            return self._cpu_backend._allgather_base(output_tensor, input_tensor, opts)
         self._check_same_dtype(what, output_tensor, input_tensor)
         if output_tensor.numel() != input_tensor.numel() * self.size():
             raise InvalidArgument(f"{what}: output_tensor has {output_tensor.numel()} elements; it needs world_size "
@@ -71,9 +71,9 @@ class GatherMixin:
         The inputs travel packed, as one all_gather of their bytes."""
         if opts is None:
             opts = c10d.AllgatherOptions()
-        if self._delegate(input_list):
-            return self._cpu_backend.allgather_coalesced(output_lists, input_list, opts)
         what = "all_gather_coalesced"
+        if self._delegate(what, input_list):
+            return self._cpu_backend.allgather_coalesced(output_lists, input_list, opts)
         n = self.size()
         if len(output_lists) != n:
             raise InvalidArgument(f"{what}: output_tensor_lists needs one list per rank (world_size {n}); got "
@@ -111,9 +111,9 @@ class GatherMixin:
     def gather(self, output_tensors, input_tensors, opts=None):
         if opts is None:
             opts = c10d.GatherOptions()
-        if self._delegate(input_tensors):
-            return self._cpu_backend.gather(output_tensors, input_tensors, opts)
         what = "gather"
+        if self._delegate(what, input_tensors):
+            return self._cpu_backend.gather(output_tensors, input_tensors, opts)
         root = self._root(what, opts.rootRank)
         if len(input_tensors) != 1:
             raise Unsupported(f"{what}: gpucoll takes one input tensor per call; got {len(input_tensors)}")
@@ -136,9 +136,9 @@ class GatherMixin:
     def scatter(self, output_tensors, input_tensors, opts=None):
         if opts is None:
             opts = c10d.ScatterOptions()
-        if self._delegate(output_tensors):
-            return self._cpu_backend.scatter(output_tensors, input_tensors, opts)
         what = "scatter"
+        if self._delegate(what, output_tensors):
+            return self._cpu_backend.scatter(output_tensors, input_tensors, opts)
         root = self._root(what, opts.rootRank)
         if len(output_tensors) != 1:
             raise Unsupported(f"{what}: gpucoll takes one output tensor per call; got {len(output_tensors)}")

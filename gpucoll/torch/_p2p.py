@@ -61,18 +61,18 @@ class PointToPointMixin:
 
     # -- torch's methods ------------------------------------------------------------------------------------------
     def send(self, tensors, dst_rank, tag=0):
-        if self._delegate(tensors):
+        if self._delegate("send", tensors):
             return self._cpu_backend.send(tensors, dst_rank, tag)
         return self._queue_p2p("send", True, tensors, dst_rank, tag)
 
     def recv(self, tensors, src_rank, tag=0):
-        if self._delegate(tensors):
+        if self._delegate("recv", tensors):
             return self._cpu_backend.recv(tensors, src_rank, tag)
         return self._queue_p2p("recv", False, tensors, src_rank, tag)
 
     def recv_anysource(self, tensors, tag=0):
         """dist.recv/irecv without a source: the Work's ``_source_rank()`` names the sender once it is done."""
-        if self._delegate(tensors):
+        if self._delegate("recv", tensors):
             return self._cpu_backend.recv_anysource(tensors, tag)
         return self._queue_p2p("recv", False, tensors, None, tag)
 
@@ -140,7 +140,7 @@ class PointToPointMixin:
             raise error
 
     def _run_cuda(self, items) -> None:
-        comm = self.communicator(items[0][2].device)
+        comm = self.communicator(items[0][2].device, what="send/recv")
         gworks = []
         with comm.group():
             for send, peer, t, _, _ in items:
@@ -154,7 +154,7 @@ class PointToPointMixin:
     def _run_cpu(self, items):
         """Matches the recvs (reading envelopes; may wait for senders), then runs sends and payload pulls as one
         group. Returns a size-mismatch error to raise once the group ran (the channel stays in step), or None."""
-        comm = self.communicator("cpu")
+        comm = self.communicator("cpu", what="send/recv")
         ops, copies, error = [], [], None
         for send, peer, t, work, tag in items:
             flat = self._bytes(t).view(torch.uint8)

@@ -76,7 +76,7 @@ class ReduceMixin:
     def allreduce(self, tensors, opts=None):
         if opts is None:
             opts = c10d.AllreduceOptions()
-        if self._delegate(tensors):
+        if self._delegate("all_reduce", tensors):
             return self._cpu_backend.allreduce(tensors, opts)
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
             return self._allreduce_sparse(tensors[0], opts.reduceOp)
@@ -104,7 +104,7 @@ class ReduceMixin:
         comm = self._comms.get("cpu")
         if comm is None:
             self._drain()
-            comm = self.communicator("cpu")
+            comm = self.communicator("cpu", what=what)
 
         gpucoll_op = self._gop(gop, factor)
 
@@ -123,7 +123,7 @@ class ReduceMixin:
         self._drain()
         if self._p2p:
             self._flush_p2p()
-        comm = self.communicator("cpu")
+        comm = self.communicator("cpu", what=what)
         s = t.coalesce()
         idx, val = s.indices(), s.values()
         counts = comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64)).tolist()
@@ -172,9 +172,9 @@ class ReduceMixin:
         """One all_reduce over the tensors packed together (torch checks they share a dtype)."""
         if opts is None:
             opts = c10d.AllreduceCoalescedOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.allreduce_coalesced(tensors, opts)
         what = "all_reduce_coalesced"
+        if self._delegate(what, tensors):
+            return self._cpu_backend.allreduce_coalesced(tensors, opts)
         if len(tensors) == 1:
             return self._allreduce_one(what, tensors[0], opts.reduceOp)
         call = self._begin(what, tensors)
@@ -196,9 +196,9 @@ class ReduceMixin:
     def reduce(self, tensors, opts=None):
         if opts is None:
             opts = c10d.ReduceOptions()
-        if self._delegate(tensors):
-            return self._cpu_backend.reduce(tensors, opts)
         what = "reduce"
+        if self._delegate(what, tensors):
+            return self._cpu_backend.reduce(tensors, opts)
         root = self._root(what, opts.rootRank)
         if len(tensors) != 1:
             raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
@@ -219,9 +219,9 @@ class ReduceMixin:
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         if opts is None:
             opts = c10d.ReduceScatterOptions()
-        if self._delegate(output_tensors):
-            return self._cpu_backend.reduce_scatter(output_tensors, input_tensors, opts)
         what = "reduce_scatter"
+        if self._delegate(what, output_tensors):
+            return self._cpu_backend.reduce_scatter(output_tensors, input_tensors, opts)
         if len(output_tensors) != 1 or len(input_tensors) != 1:
             raise Unsupported(f"{what}: gpucoll takes one output tensor and one input list per call")
         y, ins = output_tensors[0], input_tensors[0]
@@ -237,9 +237,9 @@ class ReduceMixin:
     def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
         if opts is None:
             opts = c10d.ReduceScatterOptions()
-        if self._delegate([output_tensor, input_tensor]):
-            return self._cpu_backend._reduce_scatter_base(output_tensor, input_tensor, opts)
         what = "reduce_scatter_tensor"
+        if self._delegate(what, [output_tensor, input_tensor]):
+            return self._cpu_backend._reduce_scatter_base(output_tensor, input_tensor, opts)
         self._check_same_dtype(what, output_tensor, input_tensor)
         if input_tensor.numel() != output_tensor.numel() * self.size():
             raise InvalidArgument(f"{what}: input_tensor has {input_tensor.numel()} elements; it needs world_size "

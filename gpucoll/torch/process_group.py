@@ -1,10 +1,12 @@
 """``ProcessGroupGpucoll``: gpucoll behind torch.distributed's ProcessGroup interface.
 
-torch builds it through the creator registered by ``import gpucoll.torch`` (``create``), with the store, rank and
-size of the group it is making. Communicators are made lazily, one per kind of device the group's tensors live on
-(every rank reaches its first CPU or first CUDA operation together, so the rendezvous is collective):
+torch builds it through the creator registered by gpucoll's entry point or ``import gpucoll.torch`` (``create``),
+with the store, rank and size of the group it is making. Communicators are made lazily, one per kind of device the
+group's tensors live on (every rank reaches its first CPU or first CUDA operation together, so the rendezvous is
+collective; a rank that never does is named in the others' timeout, as for any later operation):
 
-* CPU tensors run on gpucoll's host backend (shared memory; every rank on one machine);
+* CPU tensors run on gpucoll's host backend (shared memory) when the group's ranks are on one machine, else on
+  gloo (decided at the group's first CPU operation, see _route_cpu);
 * CUDA tensors on gpucoll's GPU backends (backend 'auto': our allreduce kernels where the topology model predicts
   they win, NCCL otherwise), one communicator per CUDA device, on the caller's current stream.
 
@@ -24,11 +26,13 @@ one) and hands CPU tensors to it, as the user asked (gpucoll/torch/_cpu_fallback
 The methods are the ones torch.distributed's Python functions call on a group (torch 2.13 names first, the older
 names torch 2.4-2.12 call as aliases) and the C++ virtuals DDP and the functional collectives reach through torch's
 trampoline; they live in mixins by kind (_reduce.py, _gather.py, _alltoall.py, _p2p.py). What gpucoll cannot do
-raises ``gpucoll.Unsupported`` naming the operation; bad arguments raise ``gpucoll.InvalidArgument``.
+raises ``gpucoll.Unsupported`` naming the operation; bad arguments raise ``gpucoll.InvalidArgument``. Every error that
+leaves the group is also a ``torch.distributed.DistBackendError`` (gpucoll/torch/errors.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -37,14 +41,15 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll.communicator import init_from_store
-from gpucoll.errors import InvalidArgument, InvalidUsage, Unsupported
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
 from gpucoll.torch._alltoall import AllToAllMixin
 from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds
-from gpucoll.torch._cpu_fallback import cpu_backend_from_caller
+from gpucoll.torch._cpu_fallback import cpu_backend_from_caller, gloo_group, log_gloo_across_machines, machines
 from gpucoll.torch._gather import GatherMixin
 from gpucoll.torch._p2p import PointToPointMixin
 from gpucoll.torch._reduce import ReduceMixin
 from gpucoll.torch._worker import Worker
+from gpucoll.torch.errors import raise_torch_errors_from, raises_torch_errors
 from gpucoll.torch.work import Work
 
 __all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "create"]
@@ -61,6 +66,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         self._lock = threading.Lock()
         self._p2p = []  # queued (send, peer, tensor, Work, tag)
         self._cpu_backend = cpu_backend  # the torch backend CPU tensors go to ("cpu:gloo,cuda:gpucoll"), or None
+        self._cpu_routed = cpu_backend is not None  # whether _route_cpu decided where CPU tensors go
         self._closed = False
         self._background = True  # CPU all-reduces on the worker thread (False: on the caller's)
         self._worker = Worker(f"gpucoll-torch-r{rank}")
@@ -154,8 +160,9 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         return f"<gpucoll.torch.ProcessGroupGpucoll rank={self.rank()} size={self.size()}{name}>"
 
     # -- communicators --------------------------------------------------------------------------------------------
-    def communicator(self, device="cpu"):
-        """The gpucoll Communicator this group uses for tensors on `device` (made on first use: collective)."""
+    def communicator(self, device="cpu", what: str | None = None):
+        """The gpucoll Communicator this group uses for tensors on `device` (made on first use: collective). `what`
+        names the operation that needs it, for the error of a rank that never makes it."""
         device = torch.device(device)
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
@@ -173,11 +180,53 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 if self._closed:
                     raise InvalidUsage("this gpucoll process group was shut down (destroy_process_group)")
                 store = dist.PrefixStore(f"gpucoll/{key}/", self._store)
-                comm = init_from_store(store, self.rank(), self.size(), timeout=self._timeout, device=index,
-                                       backend="auto" if index is not None else "host")
+                with self._first_operation(store, key, what):
+                    comm = init_from_store(store, self.rank(), self.size(), timeout=self._timeout, device=index,
+                                           backend="auto" if index is not None else "host")
                 self._comms[key] = comm
                 _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
         return comm
+
+    @contextlib.contextmanager
+    def _first_operation(self, store, key: str, what: str | None):
+        """Around the set-up that this group's first operation on `key` ("cpu", "cuda:0") does, which every rank
+        makes. A rank that never makes it leaves the others waiting inside the set-up, whose timeout names a store
+        key: it becomes the operation's own timeout, naming the ranks that never entered it, as the operation's
+        timeout does once the communicator exists ("all_reduce #2 on rank 0 timed out after 10 s waiting for rank
+        1")."""
+        store.set(f"entered/{self.rank()}", b"1")
+        try:
+            yield
+        except CollectiveTimeout as e:
+            try:
+                missing = [r for r in range(self.size())
+                           if r != self.rank() and not store.check([f"entered/{r}"])]
+            except RuntimeError:  # the store went away (its server, rank 0, exited): the error says enough
+                missing = []
+            label = f"{what} #1" if what else f"setting up gpucoll's {key} communicator"
+            if not missing:  # this rank came late, or another gave up or failed inside the set-up
+                raise CollectiveTimeout(
+                    f"{label} on rank {self.rank()} timed out after {self._timeout:g} s: every rank entered it, but "
+                    f"the set-up of gpucoll's {key} communicator did not complete (a rank that gave up or failed "
+                    f"meanwhile says why): {e.message}", call=what or "", ranks=e.ranks) from None
+            who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
+            raise CollectiveTimeout(
+                f"{label} on rank {self.rank()} timed out after {self._timeout:g} s waiting for {who}, which had not "
+                f"entered it (this group's first operation on {key} tensors, where gpucoll sets up its {key} "
+                f"communicator)", call=what or "", ranks=missing) from None
+
+    def _route_cpu(self, what: str) -> None:
+        """Decides, at this group's first operation on CPU tensors (which every rank makes), where they go: on one
+        machine to gpucoll's host backend; across machines, which shared memory cannot span, to gloo (which torch
+        always has), as init_process_group("cpu:gloo,cuda:gpucoll") would."""
+        store = dist.PrefixStore("gpucoll/cpu/", self._store)
+        with self._first_operation(store, "cpu", what):
+            names = machines(store, self.rank(), self.size(), self._timeout)
+        if len(names) > 1:
+            self._cpu_backend = gloo_group(self._store, self.rank(), self.size(), self._timeout)
+            if self.rank() == 0:
+                log_gloo_across_machines(names)
+        self._cpu_routed = True
 
     def _begin(self, what: str, tensors) -> _Call:
         """Checks that `tensors` share one CPU or CUDA device, runs queued p2p first, and gives the call context."""
@@ -211,15 +260,23 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         event.record(torch.cuda.current_stream(call.device))
         return Work(outputs, gworks=call.gworks, event=event, device=call.device)
 
-    def _delegate(self, tensors) -> bool:
-        return self._cpu_backend is not None and all(t.device.type == "cpu" for t in tensors)
+    def _delegate(self, what: str, tensors) -> bool:
+        """Whether CPU `tensors` go to a torch backend (gloo) rather than gpucoll's host backend."""
+        if not all(t.device.type == "cpu" for t in tensors):
+            return False
+        if not self._cpu_routed:
+            self._route_cpu(what)
+        return self._cpu_backend is not None
 
 
     def barrier(self, opts=None):
         """On GPU `device_ids[0]` where torch names one (``dist.barrier(device_ids=[i])``, as NCCL does), else on a
         CUDA communicator the group has (its GPU work is done first, as with NCCL's barrier), else on CPU."""
         ids = list(getattr(opts, "device_ids", None) or ()) if opts is not None else []
-        if self._cpu_backend is not None and not ids and not any(k.startswith("cuda") for k in self._comms):
+        on_cpu = not ids and not any(k.startswith("cuda") for k in self._comms)
+        if on_cpu and not self._cpu_routed:
+            self._route_cpu("barrier")
+        if on_cpu and self._cpu_backend is not None:
             return self._cpu_backend.barrier(opts if opts is not None else c10d.BarrierOptions())
         self._drain()
         if self._p2p:
@@ -230,7 +287,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         elif cuda:
             self._comms[cuda[0]].barrier()
         else:
-            self.communicator("cpu").barrier()
+            self.communicator("cpu", what="barrier").barrier()
         return Work([])
 
     def _start_coalescing(self, device=None) -> None:
@@ -301,7 +358,13 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         return Work(outputs, gworks=gworks, event=event, device=device, deps=deps)
 
 
+# What torch calls raises torch's error types as well as gpucoll's (gpucoll/torch/errors.py).
+raise_torch_errors_from(ProcessGroupGpucoll, private=("_allgather_base", "_reduce_scatter_base", "_start_coalescing",
+                                                      "_end_coalescing", "_set_sequence_number_for_group"))
+
+
+@raises_torch_errors
 def create(store, rank: int, size: int, timeout=None) -> ProcessGroupGpucoll:
     """The creator registered with torch.distributed.Backend.register_backend("gpucoll", ...)."""
     return ProcessGroupGpucoll(store, rank, size, timeout,
-                               cpu_backend=cpu_backend_from_caller(store, rank, size, timeout, depth=2))
+                               cpu_backend=cpu_backend_from_caller(store, rank, size, timeout))

@@ -26,6 +26,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from gpucoll.torch.errors import raise_torch_errors_from, torch_error
+
 __all__ = ["Work"]
 
 
@@ -54,12 +56,12 @@ class Work(dist._Work):
     # Called by the group when it flushed (or failed to flush) the p2p queue holding this operation.
     def _settled(self, error=None) -> None:
         self._pending = None
-        self._error = error
+        self._error = torch_error(error)
 
     # Called by the group's worker thread when it ran a background operation.
     def _finished(self, error=None) -> None:
         with self._lock:
-            self._error = error
+            self._error = torch_error(error)
             self._done.set()
             source = self._source_future
         if source is not None:  # get_future() came first: complete it (its callbacks run here, as on gloo's threads)
@@ -145,7 +147,7 @@ class Work(dist._Work):
         try:
             self.wait()
         except BaseException as e:  # noqa: BLE001 - the future carries it to whoever waits on it
-            self._error = e
+            self._error = torch_error(e)
         self._complete(source)
         self._future = future
         return future
@@ -170,3 +172,7 @@ class Work(dist._Work):
             else ("failed" if self._error is not None else "issued")
         where = str(self._device) if self._device is not None else "cpu"
         return f"<gpucoll.torch.Work {where} {state}>"
+
+
+# A failure that wait() and the rest raise is torch's type as well as gpucoll's (gpucoll/torch/errors.py).
+raise_torch_errors_from(Work, private=("_source_rank",))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import gpucoll
-from gpucoll.errors import CollectiveTimeout, RemoteError
+from gpucoll.errors import CollectiveTimeout, GpucollError, RemoteError
 
 pytestmark = helpers.timeout_mark(300)
 
@@ -168,3 +168,40 @@ def test_spawn_with_a_hung_peer_returns_within_the_timeout_and_a_second_or_two(t
     assert info.value.failures == {0: "CollectiveTimeout", 1: "killed"}, info.value.failures
     elapsed = returned - float(stamp.read_text())
     assert timeout - 0.1 <= elapsed <= timeout + 2.5, f"spawn returned {elapsed:.2f} s after the collective began"
+
+
+def _own_error_worker(comm, bad):
+    if comm.rank == bad:
+        raise ValueError(f"bad batch on rank {bad}")
+    comm.all_reduce(np.ones(16, np.float32))  # fails in turn: rank `bad` closed the communicator
+
+
+def test_spawn_raises_the_failing_ranks_own_error_not_the_knock_on():
+    """Rank 1's ValueError made rank 0's all_reduce fail ("rank 1 closed the communicator", an InvalidArgument
+    naming rank 1): spawn raised that, the lower rank's, and the ValueError appeared nowhere."""
+    with pytest.raises(ValueError, match="bad batch on rank 1") as info:
+        gpucoll.spawn(_own_error_worker, 2, args=(1,), backend="host", timeout=TIMEOUT)
+    exc = info.value
+    assert type(exc) is ValueError and exc.rank == 1, repr(exc)
+    assert exc.failures == {0: "InvalidArgument", 1: "ValueError"}, exc.failures
+    note = "".join(getattr(exc, "__notes__", []))
+    assert "raised on rank 1 (other ranks: rank 0 InvalidArgument)" in note, note
+    assert 'raise ValueError(f"bad batch on rank {bad}")' in note, note  # the worker's traceback
+
+
+def _first_timeout_worker(comm, late_s):
+    if comm.rank == 0:
+        time.sleep(late_s)  # rank 1 gives up on it meanwhile
+        comm.all_reduce(np.ones(16, np.float32))  # may complete: rank 1's part is there
+    comm.all_reduce(np.ones(16, np.float32))  # rank 0: fails, rank 1 having given up (and left)
+
+
+def test_spawn_raises_the_first_knock_on_when_every_failure_is_one():
+    """Rank 1 times out waiting for rank 0 (at `timeout`), then rank 0 arrives and fails in turn: both errors are
+    about another rank, and rank 1's came first. spawn raised rank 0's, the lowest rank."""
+    timeout = 1.0
+    with pytest.raises(GpucollError) as info:
+        gpucoll.spawn(_first_timeout_worker, 2, args=(timeout + 0.5,), backend="host", timeout=timeout)
+    exc = info.value
+    assert set(exc.failures) == {0, 1}, exc.failures
+    assert exc.rank == 1 and type(exc) is CollectiveTimeout and "waiting for rank 0" in str(exc), str(exc)

@@ -18,6 +18,8 @@ import sys
 import gpu_arrays
 import pytest
 
+from gpucoll.bench import report
+
 pytestmark = pytest.mark.gpu
 
 
@@ -162,16 +164,21 @@ def test_backend_sweep_auto_and_host():
     assert f"backend: auto({auto})" in res.stdout and "backend: host" in res.stdout
 
 
-def test_custom_every_algorithm_two_virtual_ranks():
+def test_custom_every_algorithm_two_virtual_ranks(tmp_path):
     why = custom_reason()
     if why:
         pytest.skip(why)
     res = bench("all_reduce", "--backend", "custom", "--nranks", "2", "--algo", "oneshot,twoshot,ring,tree", *SMALL,
-                "-d", "float,half,bfloat16")
+                "-d", "float,half,bfloat16", "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"))
     got = assert_clean(res, nrows=4 * 3 * NSIZES)
     assert res.stdout.count("# Algorithm: ") == 4 and all(r[8] == "0" and r[12] == "0" for r in got)
-    # The header says when the device is gpucoll's emulation, whose timings are not GPU timings.
+    # The header says when the device is gpucoll's emulation, whose timings are not GPU timings, and so does every
+    # row of the JSON and the CSV (a row copied out of its file keeps it).
     assert ("these timings are not GPU timings" in res.stdout) == gpu_arrays.emulated()
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert len(rows) == 4 * 3 * NSIZES and {r["emulated"] for r in rows} == {gpu_arrays.emulated()}
+    csv_rows = report.read_csv_rows(str(tmp_path / "r.csv"))
+    assert len(csv_rows) == len(rows) and {r["emulated"] for r in csv_rows} == {str(gpu_arrays.emulated())}
 
 
 def test_custom_all_datatypes_and_ops_skip_what_has_no_kernel():
@@ -197,7 +204,7 @@ def test_custom_compare_nccl():
 
 
 def test_check_on_the_gpu(tmp_path):
-    res = bench("--check", "--json", str(tmp_path / "c.json"), timeout=600)
+    res = bench("--health-check", "--json", str(tmp_path / "c.json"), timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "check: OK" in res.stdout
     assert ("check nccl" in res.stdout) == (NCCL_WHY is None)  # NCCL is checked where it can run

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from gpucoll import _C
 from gpucoll.bench import cli, colls, report
 from gpucoll.bench.harness import Params, sizes
 
@@ -97,6 +98,11 @@ def test_flags_long_and_short():
                         "--iters", "3", "--warmup_iters", "0", "--check", "2", "--datatype", "int8", "--op", "prod"])
     assert (q.minbytes, q.maxbytes, q.stepbytes, q.iters, q.warmup_iters, q.check) == (65536, 2 << 30, 1024, 3, 0, 2)
     assert (q.dtypes, q.ops) == (["int8"], ["prod"])
+
+
+def test_algo_all_says_which_algorithms_it_skipped_and_why_in_a_sentence():
+    notes = cli.parse_args(["all_reduce", "--algo", "all"]).notes
+    assert "--algo all: skipped direct, which does not implement all_reduce" in notes, notes
 
 
 def test_all_expands_in_nccl_tests_order(monkeypatch):
@@ -181,9 +187,19 @@ def test_two_ranks_table_and_json(tmp_path):
     assert "# Out of bounds values : 0 OK\n" in res.stdout
     assert re.search(r"^# Avg bus bandwidth    : [0-9.e+-]+ $", res.stdout, re.MULTILINE)
     assert res.stdout.count("#  Rank ") == 2
+    # What the ranks are (nccl-tests' "nGpus 1" said CPU ranks had a GPU each), and what auto ran at each size.
+    assert "\n# nThread 1 nRanks 2 devices cpu minBytes 8 maxBytes 1048576 " in res.stdout
+    picks = [_C.select_algorithm(0, 2, int(r[0]), 0, "auto") for r in got]
+    runs = [(a, [int(r[0]) for r, p in zip(got, picks) if p == a]) for a in dict.fromkeys(picks)]
+    assert len(runs) >= 2, runs  # the sweep crosses one of auto's size thresholds
+    want = ", ".join([f"{runs[0][0]} up to {report.size_label(max(runs[0][1]))}"]
+                     + [f"{a} at {report.size_label(min(s))}-{report.size_label(max(s))}" for a, s in runs[1:-1]]
+                     + [f"{runs[-1][0]} from {report.size_label(min(runs[-1][1]))}"])
+    assert f"# Algorithm: auto (picks {want})\n" in res.stdout, res.stdout
 
     doc = json.loads(out.read_text())
     assert doc["environment"]["nranks"] == 2 and doc["environment"]["backend"] == "host"
+    assert (doc["config"]["ngpus"], doc["config"]["nranks"], doc["config"]["device_kind"]) == (0, 2, "cpu")
     assert doc["environment"]["gpucoll_version"] and doc["environment"]["hostname"]
     assert doc["config"]["minimum_bytes"] == 8 and doc["config"]["maximum_bytes"] == 1 << 20
     assert doc["out_of_bounds"] == {"count": 0, "okay": True}
@@ -195,6 +211,7 @@ def test_two_ranks_table_and_json(tmp_path):
             assert set(row[place]) == {"time", "alg_bw", "bus_bw", "nwrong"}
             assert row[place]["nwrong"] == 0 and row[place]["time"] > 0
         assert abs(row["out_of_place"]["bus_bw"] - row["out_of_place"]["alg_bw"]) < 1e-12  # 2(n-1)/n = 1
+        assert row["emulated"] is False  # every row says where it ran (True on gpucoll's emulated CUDA device)
 
 
 def test_every_dtype_and_op_is_exact():

@@ -1,5 +1,5 @@
 """gpucoll-bench extras: --csv, the environment in --json, --min-busbw, --plot and `report`, --compare, the
-progress bar's TTY rule, and --check. Few spawns (each ~1 s), tiny sizes."""
+progress bar's TTY rule, and --health-check. Few spawns (each ~1 s), tiny sizes."""
 
 from __future__ import annotations
 
@@ -129,6 +129,121 @@ def test_plot_reads_like_the_benchmark(tmp_path):
     assert report.size_label(1536) == "1.5K" and report.size_label(512) == "512"
 
 
+def _run_doc(coll="all_reduce", backend="host", nranks=2, algos=("auto",), picks=None, bw=(0.01, 1.0),
+             argv=None, hostname="box", cpu="AMD EPYC"):
+    """A gpucoll-bench document: rows 1K..1M for each algorithm, busbw log-spaced over `bw` (0 at 1 rank, as
+    nccl-tests' factor (n-1)/n makes it)."""
+    sizes = [1 << k for k in range(10, 21, 2)]
+    rows = []
+    for i, algo in enumerate(algos):
+        for j, size in enumerate(sizes):
+            busbw = 0.0 if nranks == 1 else bw[0] * (bw[1] / bw[0]) ** (j / (len(sizes) - 1)) * (1 + 0.02 * i)
+            r = {"size": size, "collective": coll, "algo": algo, "type": "float", "redop": "sum", "backend": backend,
+                 "backend_label": backend, "out_of_place": {"time": 20.0 + size / 1e3 + i, "bus_bw": busbw}}
+            if picks:
+                r["algo_resolved"] = picks[j] if isinstance(picks, list) else picks
+            rows.append(r)
+    return {"program": f"gpucoll-bench {coll}", "results": rows, "devices": [],
+            "environment": {"backend": backend, "nranks": nranks, "hostname": hostname, "cpu": cpu,
+                            "argv": argv or [coll]}}
+
+
+def _health_check_docs():
+    """A health check of three backends as gpucoll-bench --health-check writes it (NCCL on 1 rank)."""
+    from gpucoll.bench import colls
+
+    hc = ["--health-check"]
+    docs = [("host", _run_doc(c, "host", 2, picks="ring", argv=hc)) for c in colls.names()]
+    docs += [("nccl", _run_doc(c, "nccl", 1, picks="nccl", argv=hc)) for c in colls.names()]
+    return docs + [("custom", _run_doc("all_reduce", "custom", 2, picks="custom:oneshot", argv=hc))]
+
+
+def _drawn(fig, tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    fig.savefig(tmp_path / "p.png", dpi=100)  # lays the figure out as the PNG has it
+    return canvas.get_renderer()
+
+
+def _words(text):
+    return [w for w in re.split(r"[\s:→,()]+", text) if w]
+
+
+@pytest.fixture(scope="module")
+def plots(tmp_path_factory):
+    """Every kind of plot the tools draw: {what: figure}."""
+    helpers.require("matplotlib")
+    tmp_path = tmp_path_factory.mktemp("plots")
+    a4, a2 = tmp_path / "runs" / "a4.json", tmp_path / "runs" / "a2.json"
+    a4.parent.mkdir()
+    a4.write_text(json.dumps(_run_doc(nranks=4, picks=["oneshot"] * 3 + ["twoshot"] * 3)))
+    a2.write_text(json.dumps(_run_doc(nranks=2, picks=["oneshot"] * 4 + ["twoshot"] * 2)))
+    algos = ("ring", "tree", "halving_doubling", "hierarchical", "dbt", "oneshot", "twoshot")
+    figs = {"--health-check --plot": plot.plot_docs(_health_check_docs()),
+            "--algo all": plot.plot_docs([("", _run_doc(algos=algos, bw=(0.45, 1.2)))])}
+    shown = []
+    real = plot.plot_docs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plot, "plot_docs", lambda *a, **k: shown.append(real(*a, **k)) or shown[-1])
+        assert plot.report_main([str(a4), str(a2), "-o", str(tmp_path / "cmp.png")]) == 0
+        figs["report a4.json a2.json"] = shown[0]
+        long = tmp_path / ("all_reduce_on_the_new_cluster_" * 7 + ".json")  # a 200-character file name
+        long.write_text(json.dumps(_run_doc()))
+        assert plot.report_main([str(long), str(a2), "-o", str(tmp_path / "long.png")]) == 0
+        figs["report LONG.json a2.json"] = shown[1]
+    return figs
+
+
+def test_every_plot_has_its_legend_inside_the_figure_and_no_repeated_words(plots, tmp_path):
+    """The health check's legend ran off both edges of the figure, and its entries repeated words ("host
+    all_reduce all_reduce host:auto→oneshot", "nccl:auto→nccl")."""
+    for what, fig in plots.items():
+        renderer = _drawn(fig, tmp_path)
+        page = fig.bbox
+        (legend,) = fig.legends
+        box = legend.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (what, box, page)
+        for ax in fig.axes:  # the legend left the panels room
+            assert ax.get_window_extent(renderer).height > 0.4 * page.height, what
+    for what, fig in plots.items():
+        for text in (t.get_text() for t in fig.legends[0].get_texts()):
+            words = _words(text)
+            assert len(words) == len(set(words)), (what, text)
+    texts = [t.get_text() for t in plots["--health-check --plot"].legends[0].get_texts()]
+    assert "nccl all_reduce auto (1 rank)" in texts and "custom all_reduce auto→oneshot (2 ranks)" in texts
+
+
+def test_plots_of_runs_of_different_rank_counts_say_which_is_which(plots):
+    fig = plots["report a4.json a2.json"]
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts == ["a4.json host:auto→oneshot,twoshot (4 ranks)", "a2.json host:auto→oneshot,twoshot (2 ranks)"]
+    assert "4 and 2 ranks" in fig._suptitle.get_text()
+    # Lines of one algorithm keep their color across runs; the runs differ in line style.
+    a, b = fig.axes[0].lines
+    assert a.get_color() == b.get_color() and a.get_linestyle() != b.get_linestyle()
+    title = plot.plot_docs(_health_check_docs())._suptitle.get_text()
+    assert title.startswith("gpucoll-bench --health-check - 2 and 1 ranks"), title
+
+
+def test_value_axes_have_several_meaningful_tick_labels(plots, tmp_path):
+    """The --algo all plot's busbw axis (0.45 to 1.2 GB/s) was labelled "0.5" and "1" only."""
+    for what, fig in plots.items():
+        _drawn(fig, tmp_path)
+        for ax, unit in zip(fig.axes, ("busbw (GB/s)", "time (us)")):
+            assert ax.get_ylabel() == unit
+            data = [v for ln in ax.lines for v in ln.get_ydata() if v > 0]  # NaN (no busbw at 1 rank) is not
+            lo, hi = min(data), max(data)
+            ticks = [(t.get_position()[1], t.get_text()) for t in ax.get_yticklabels() if t.get_text()]
+            ticks = [(v, text) for v, text in ticks if lo / 1.5 <= v <= hi * 1.5]
+            assert len(ticks) >= 4, (what, unit, ticks)
+            assert all(float(text) == pytest.approx(v) for v, text in ticks), (what, ticks)
+            # labels at both ends of the data, not only in one part of it
+            assert min(v for v, _ in ticks) <= lo * 1.5 and max(v for v, _ in ticks) >= hi / 1.5, (what, unit, ticks)
+    assert plot.value_ticks(0.45, 1.2) == [0.6, 0.8, 1.0, 1.2]
+    assert plot.value_ticks(0.005, 0.5) == [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
+
+
 def test_min_busbw_exit_status(capsys):
     argv = ["all_reduce", "-b", "1K", "-e", "1K", "-n", "1"]
     assert cli.main(argv + ["--min-busbw", "1e9"]) == cli.EXIT_WRONG
@@ -153,16 +268,16 @@ def test_progress_only_on_tty():
 def test_check(tmp_path, capsys):
     helpers.require("matplotlib")
     # The host backend's rows (on a GPU machine --check alone checks the GPU backends).
-    argv = ["--check", "--backend", "host", "--colls", "all_reduce,sendrecv", "--json", str(tmp_path / "c.json"),
+    argv = ["--health-check", "--backend", "host", "--colls", "all_reduce,sendrecv", "--json", str(tmp_path / "c.json"),
             "--plot", str(tmp_path / "c.png")]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "check host   all_reduce      OK" in out and "check host   sendrecv        OK" in out
     assert len(json.loads((tmp_path / "c.json").read_text())) == 2
     assert (tmp_path / "c.png").read_bytes()[:8] == PNG
-    assert cli.main(["--check", "--backend", "host", "--colls", "all_reduce", "--min-busbw", "1e9"]) == 1
+    assert cli.main(["--health-check", "--backend", "host", "--colls", "all_reduce", "--min-busbw", "1e9"]) == 1
     assert "FAIL" in capsys.readouterr().out
-    assert cli.main(["--check", "--backend", "host", "--colls", "all_reduce", "--inject-error"]) == 1
+    assert cli.main(["--health-check", "--backend", "host", "--colls", "all_reduce", "--inject-error"]) == 1
 
 
 class _Bar:
@@ -228,12 +343,12 @@ def test_check_without_a_gpu_says_what_it_checked(capsys):
 
     if int(_C.cuda_probe().get("device_count") or 0):
         pytest.skip("checks what --check says on a machine without a GPU")
-    assert cli.main(["--check", "--colls", "all_reduce"]) == 0
+    assert cli.main(["--health-check", "--colls", "all_reduce"]) == 0
     out = capsys.readouterr().out
     assert "no GPU backend can run here" in out and "no usable CUDA GPU" in out
     assert out.rstrip().endswith("backends: host only: no GPU checked)")
     # A GPU runner whose GPU went missing must fail, not pass as a host-only check.
-    assert cli.main(["--check", "--require-gpu", "--colls", "all_reduce"]) == cli.EXIT_USAGE
+    assert cli.main(["--health-check", "--require-gpu", "--colls", "all_reduce"]) == cli.EXIT_USAGE
     cap = capsys.readouterr()
     assert cap.out == "" and "--require-gpu: no usable CUDA GPU" in cap.err
 

@@ -186,7 +186,7 @@ def test_custom_algorithms_are_the_kernels_ones(fake_vr, capsys):
 
 def test_check_on_virtual_ranks_skips_what_they_cannot_run(fake_vr, monkeypatch, capsys):
     monkeypatch.setattr(cli, "resolve_backend", lambda b, coll=None: b)
-    assert cli.main(["--check", "--backend", "custom", "--colls", "all_reduce,broadcast,sendrecv"]) == cli.EXIT_OK
+    assert cli.main(["--health-check", "--backend", "custom", "--colls", "all_reduce,broadcast,sendrecv"]) == cli.EXIT_OK
     out = capsys.readouterr().out
     assert "all_reduce      OK" in out and "broadcast       SKIP" in out and "sendrecv        SKIP" in out
     assert "check: OK (1 runs; backends: custom)" in out

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from test_bench_cli import HAVE_GPU, rows
 
+from gpucoll import _C
 from gpucoll.bench import check, cli, devmem, harness, plot, virtual
 
 NO_GPU = pytest.mark.skipif(HAVE_GPU, reason="checks the messages shown on machines without a GPU")
@@ -230,11 +231,18 @@ def test_virtual_rank_failure_is_raised_with_its_rank(fake_vr, monkeypatch):
     assert info.value.rank in (0, 1)
 
 
-def test_custom_through_the_cli(fake_vr, monkeypatch, capsys):
+def test_custom_through_the_cli(fake_vr, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(virtual, "problem", lambda coll=None: None)
     assert cli.main(["all_reduce", *TINY, "--backend", "custom", "--nranks", "2", "--algo", "oneshot,ring"]) == 0
     text = capsys.readouterr().out
     assert "backend: custom" in text and len(rows(text)) == 4 and text.count("[custom]") == 2
+    # What auto runs on virtual ranks: the kernels' own size rule, in the block's heading and in every JSON row.
+    assert cli.main(["all_reduce", *TINY, "--backend", "custom", "--nranks", "2", "--json", str(tmp_path / "c.json")]) == 0
+    text = capsys.readouterr().out
+    picks = [r["algo_resolved"] for r in json.loads((tmp_path / "c.json").read_text())["results"]]
+    kernels = [_C.custom_choose_algo(int(r[0]), 2) for r in rows(text)]
+    assert picks == [f"custom:{k}" for k in kernels] and len(set(kernels)) == 1, (picks, kernels)
+    assert f"# Algorithm: auto (picks {kernels[0]} at every size)\n" in text, text
     assert cli.main(["all_reduce", *TINY, "--backend", "custom", "-G", "2"]) == cli.EXIT_USAGE
     assert "virtual ranks" in capsys.readouterr().err
 
@@ -264,7 +272,7 @@ def test_threshold_lookup_most_specific_first(tmp_path):
 def test_check_thresholds_from_a_tuning_file(tmp_path, monkeypatch, capsys):
     f = tmp_path / "tuning.json"
     f.write_text(json.dumps({"fits": {}, "min_busbw": {"host:all_reduce": 1e9, "default": 0.0}}))
-    argv = ["--check", "--backend", "host", "--colls", "all_reduce,broadcast", "--nranks", "1"]
+    argv = ["--health-check", "--backend", "host", "--colls", "all_reduce,broadcast", "--nranks", "1"]
     assert cli.main([*argv, "--tuning", str(f)]) == cli.EXIT_WRONG
     out = capsys.readouterr().out
     assert "all_reduce      FAIL" in out and "busbw < 1e+09" in out and "broadcast       OK" in out
@@ -279,7 +287,7 @@ def test_check_thresholds_from_a_tuning_file(tmp_path, monkeypatch, capsys):
 
 @NO_GPU
 def test_check_backend_gpu_without_gpu_is_usage_error(capsys):
-    assert cli.main(["--check", "--backend", "nccl"]) == cli.EXIT_USAGE
+    assert cli.main(["--health-check", "--backend", "nccl"]) == cli.EXIT_USAGE
     assert "--backend host" in capsys.readouterr().err
 
 

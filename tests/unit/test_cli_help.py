@@ -73,11 +73,21 @@ def test_bench_help_lists_the_health_check_options_with_their_defaults():
     assert "min size in bytes (default: 32M)" in text and "(default: float)" in text
 
 
-def test_check_after_a_collective_is_nccl_tests_count_and_says_where_the_health_check_is(capsys):
-    assert cli.main(["all_reduce", "--check"]) == cli.EXIT_USAGE
+def test_check_is_nccl_tests_count_wherever_it_is_and_a_missing_number_is_one_line(capsys):
+    """-c/--check is one option with one rule: nccl-tests' count, which takes a number. Its help showed "-c [N]",
+    a missing number after a collective printed argparse's ten-line usage block, and a bare --check ran the
+    health check."""
+    for argv in (["all_reduce", "--nranks", "2", "--check"], ["--check"], ["all_reduce", "-c", "-b", "8"],
+                 ["all_reduce", "--che"]):
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("gpucoll-bench: error: -c/--check takes a number N"), (argv, err)
+        assert "gpucoll-bench --health-check" in err
+    usage = args.build_parser().format_usage()
+    assert "[-c N]" in usage and "[-c [N]]" not in usage
+    assert cli.main(["--check", "3"]) == cli.EXIT_USAGE  # a count, but no collective: argparse's one line says so
     err = capsys.readouterr().err
-    assert "-c/--check takes a number" in err and "gpucoll-bench --health-check" in err
-    assert "expected one argument" not in err
+    assert err.count("\n") == 1 and "required: collective (one of all_reduce," in err
     assert cli.main(["all_reduce", "--colls", "all_reduce"]) == cli.EXIT_USAGE
     assert "--colls belong to the health check" in capsys.readouterr().err
     assert cli.parse_args(["all_reduce", "-c", "3"]).check == 3 and cli.parse_args(["all_reduce"]).check == 1
@@ -103,3 +113,20 @@ def test_bench_json_and_csv_to_stdout(tmp_path):
     res = subprocess.run([*base, "--csv", "-"], capture_output=True, text=True, timeout=120, check=True)
     assert res.stdout.startswith("# program: gpucoll-bench all_reduce") and "size," in res.stdout
     assert cli.main(["all_reduce", "--json", "-", "--csv", "-"]) == cli.EXIT_USAGE
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "gpucoll", "topo", "--from-nvidia-smi", str(ROOT / "gpucoll" / "topo_examples" / "h100_8x_nvsmi.txt"),
+     "--json"],
+    ["-m", "gpucoll.algo", "explain", "all_reduce", "--nranks", "64", "--bytes", "1M", "--steps"],
+    ["-m", "gpucoll", "info"],
+    ["-m", "gpucoll.bench.cli", "all_reduce", "--nranks", "2", "-b", "8", "-e", "4M", "-f", "2"],
+])
+def test_a_reader_that_leaves_early_gets_no_traceback(argv):
+    """`tool | head -1`: the tool ends (status 1) without a BrokenPipeError traceback of its own."""
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) in (0, 1), err  # 0: everything was written before the reader left
+    assert "BrokenPipeError" not in err and "the run failed" not in err, err

@@ -162,6 +162,39 @@ def test_collective_names_as_gpucoll_bench_takes_them(spelling):
     assert out.startswith("# all_reduce: 4 ranks, 64.00 KiB")
 
 
+def test_every_name_gpucoll_bench_takes_is_explained():
+    """explain refused sendrecv, though it takes gpucoll-bench's names: the point-to-point ones say that they have no
+    algorithm to choose."""
+    from gpucoll.algo import explain as explain_fn
+    from gpucoll.bench import colls
+
+    for name in colls.names():
+        buf = io.StringIO()
+        d = explain_fn(name, 2, 64 << 10, out=buf)
+        assert d["collective"] == name and buf.getvalue().startswith(f"# {name}"), name
+    proc = explain("sendrecv_perf", "--nranks", "2")
+    assert proc.stdout.startswith("# sendrecv: point-to-point") and "no algorithm to choose" in proc.stdout
+    assert "<- auto" not in proc.stdout
+
+
+def test_tuning_file_that_makes_another_algorithm_cheapest_says_there_why_auto_keeps_its_pick(tmp_path):
+    """With a fit that prices tree far below the rest, the table showed tree cheapest and auto on twoshot, with no
+    word on that row: it says so there, why, and how good the fit is."""
+    fit = {"a_s": 1e-6, "b_s_per_byte": 1e-11, "source": "test", "r2": 0.39, "max_rel_error": 0.88, "poor": True}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"format": "gpucoll-tuning", "version": 1, "fits": {"host:tree@SHM": fit}}))
+    proc = subprocess.run([sys.executable, "-m", "gpucoll.algo", "explain", "all_reduce", "--nranks", "4", "--bytes",
+                           "1M"], capture_output=True, text=True, timeout=60, check=True,
+                          env=dict(_env(), GPUCOLL_TUNING_FILE=str(path)))
+    table = rows(proc.stdout)
+    auto = _C.select_algorithm(0, 4, 1 << 20, 0, "auto")
+    assert auto != "tree" and table[auto][1].endswith("<- auto")
+    assert table["tree"][1].endswith("tuned (poor fit: R^2 0.39, max err 88%); cheapest with the tuning file, not "
+                                     "auto's pick (see below)"), table["tree"][1]
+    assert (f"# tree is cheapest by the tuning file's fits, yet auto picks {auto}: auto on the host backend prices "
+            f"the algorithms by the host cost model in the header, never by GPUCOLL_TUNING_FILE") in proc.stdout
+
+
 def test_one_step_is_singular_and_the_columns_are_explained():
     out = explain("all_reduce", "--nranks", "2", "--bytes", "4K", "--steps").stdout
     assert "## oneshot: 1 step, buffer in 1 chunk, result in" in out, out

@@ -62,3 +62,30 @@ def test_unknown_command_and_usage():
     assert "unknown command" in proc.stderr and "info" in proc.stderr
     proc = gpucoll_cli("--help")
     assert proc.returncode == 0 and "info" in proc.stdout
+
+
+def test_usage_lists_every_tool_and_each_runs_through_the_dispatcher(capsys):
+    """`python -m gpucoll --help` listed info only: every console script gpucoll installs, and explain, are
+    commands, each named with the script it also is."""
+    import re
+    from pathlib import Path
+
+    from gpucoll import __main__ as cli
+
+    # pyproject.toml's [project.scripts] (tomllib is Python 3.11+; gpucoll supports 3.9)
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    scripts = dict(re.findall(r'^([\w-]+)\s*=\s*"([^"]+)"', section, re.MULTILINE))
+    assert scripts and all(s.startswith("gpucoll-") for s in scripts), scripts
+    proc = gpucoll_cli("--help")
+    assert proc.returncode == 0
+    listed = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    for script, target in scripts.items():
+        command = script.removeprefix("gpucoll-")
+        assert command in listed and f"(also: {script})" in listed[command], (script, proc.stdout)
+        assert cli.COMMANDS[command][0] == target.split(":")[0]
+    assert "python -m gpucoll.algo explain" in listed["explain"]
+    assert cli.main(["explain", "sendrecv", "--nranks", "2"]) == 0
+    assert "no algorithm to choose" in capsys.readouterr().out
+    assert cli.main(["bench", "all_reduce", "--check"]) == 2  # gpucoll-bench's own parsing and exit status
+    assert "-c/--check takes a number" in capsys.readouterr().err
