@@ -105,6 +105,24 @@ def stream_handle(stream, device: int) -> int:
     return handle
 
 
+_FRAMEWORK_KINDS = ("torch", "cupy")  # buffers ordered by the caller's current stream, with no producer stream
+
+
+def op_stream(device: int, stream, buf, other=None) -> int:
+    """The stream of an operation on `buf` (and `other`, its output) on `device`: ``stream=`` or the caller's
+    current one, ordered after the streams on which their producers made them ready (``ready_stream``) where those
+    differ. Every GPU backend takes its stream here, so none can forget the producer's: a kernel launched on another
+    stream than the fill of its input reads the input half-written."""
+    s = current_stream(buf.kind, device, buf.stream) if stream is None else stream_handle(stream, device)
+    for b in (buf, other):
+        if b is None or b.kind in _FRAMEWORK_KINDS:  # the hot path: nothing to join
+            continue
+        ready = ready_stream(b)
+        if ready is not None and ready != s:
+            _C.cuda_stream_wait(s, ready, device)
+    return s
+
+
 def check_device(buf, arg: str, device: int) -> None:
     """InvalidArgument unless `buf` is CUDA memory on `device` (the NCCL backend's placement rule)."""
     if buf.device == f"cuda:{device}":

@@ -167,7 +167,7 @@ class CustomBackend:
         reason = self._decline(coll, src, dst, count, redop)
         if reason:
             return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
-        s = self._stream(src, stream)
+        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
         name = resolve_algo(algo, count * src.itemsize, self.world_size)
         self._native.all_reduce(src.ptr, dst.ptr, count, src.dtype, redop, name, s)
         self.stats["custom"] += 1
@@ -176,11 +176,6 @@ class CustomBackend:
         event = _C.CudaEvent(self.device)
         event.record(s)
         return CustomWork(self, event, src.kind)
-
-    def _stream(self, buf, stream) -> int:
-        if stream is None:
-            return _cuda_buffers.current_stream(buf.kind, self.device, buf.stream)
-        return _cuda_buffers.stream_handle(stream, self.device)
 
     def _require_nccl(self, what: str):
         if self._nccl is None:

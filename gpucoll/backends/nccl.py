@@ -48,7 +48,6 @@ __all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum"
            "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
            "premul_sum", "problems", "spawn_plan", "version_text"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
-_FRAMEWORK_KINDS = ("torch", "cupy")  # buffers ordered by the caller's current stream, with no producer stream
 
 
 # -- can the backend run here? (the checks live in usable.py, below every backend) ------------------------------
@@ -176,22 +175,6 @@ class NcclBackend:
         _cuda_buffers.check_device(buf, arg, self.device)
 
     # -- operations -----------------------------------------------------------------------------------------------
-    def _stream(self, buf, stream, other=None) -> int:
-        """The stream of an operation on `buf` (and `other`, its output), ordered after the streams on which their
-        producers made them ready (__cuda_array_interface__'s "stream", DLPack's legacy stream), where those differ.
-        torch and CuPy buffers have none: they are ordered by the caller's current stream, as torch's NCCL does."""
-        if stream is None:
-            s = _cuda_buffers.current_stream(buf.kind, self.device, buf.stream)
-        else:
-            s = _cuda_buffers.stream_handle(stream, self.device)
-        for b in (buf, other):
-            if b is None or b.kind in _FRAMEWORK_KINDS:  # the hot path: nothing to join
-                continue
-            ready = _cuda_buffers.ready_stream(b)
-            if ready is not None and ready != s:
-                _C.cuda_stream_wait(s, ready, self.device)
-        return s
-
     def _native_failed(self, e: GpucollError, seq: int) -> GpucollError:
         """What to raise for an error of a native call. The communicator's own recorded failure where the call was
         cut short by its abort; for NCCL's own timeout (an operation that never got onto the stream, e.g. a
@@ -221,7 +204,7 @@ class NcclBackend:
     def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False):
         if self._error is not None:
             self._raise_if_failed()
-        s = self._stream(src, stream, dst if dst is not src else None)
+        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
         premul = None
         if redop is None:
             redop = self._sum
@@ -241,7 +224,8 @@ class NcclBackend:
         if self._error is not None:
             self._raise_if_failed()
         try:
-            native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], self._stream(buf, stream), async_op)
+            s = _cuda_buffers.op_stream(self.device, stream, buf)
+            native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], s, async_op)
         except GpucollError as e:
             raise self._native_failed(e, self._comm.issued) from None
         if native is None:

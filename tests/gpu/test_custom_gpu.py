@@ -444,6 +444,51 @@ def test_processes_stream_order_and_async_work(monkeypatch):
     assert results == [(True, None)] * 3, results
 
 
+class _Produced:
+    """`array` as __cuda_array_interface__ v3 gives it, ready only on `stream` (its producer's)."""
+
+    def __init__(self, array, stream: int):
+        self._array, self._stream = array, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        return dict(self._array.__cuda_array_interface__, stream=self._stream)
+
+
+def _cai_producer_stream(comm, algo):
+    """__cuda_array_interface__ v3 on the custom kernels: with stream= naming another stream, the kernel waits for
+    the interface's "stream" (the producer's), where a long copy and then the input's fill are still queued. Before
+    the custom backend took its stream where NCCL's does (_cuda_buffers.op_stream), it read the input half-made."""
+    prov = gpu_arrays.provider("device_array")
+    P, r, n = comm.world_size, comm.rank, 20001
+    producer, consumer = _C.CudaStream(0), _C.CudaStream(0)
+    inputs = inputs_for("float32", "sum", n, P, seed=11)
+    pad_src, pad_dst = prov.empty(8 << 20, "float32"), prov.empty(8 << 20, "float32")  # 32 MiB queued first
+    host = np.ascontiguousarray(inputs[r])
+    bad = []
+    for trial in range(3):
+        x = prov.empty(n, "float32")
+        out = Output(prov, n, "float32", 0, 0)
+        _C.cuda_copy(pad_dst.ptr, pad_src.ptr, pad_src.nbytes, 0, producer.handle)
+        _C.cuda_copy(x.ptr, host.ctypes.data, host.nbytes, 0, producer.handle)
+
+        comm.all_reduce(_Produced(x, producer.handle), out=out.view, algo=algo, stream=consumer.handle)
+        consumer.synchronize()
+        why = out.check(*reference_bytes(inputs, "float32", "sum"))
+        if why:
+            bad.append(f"trial {trial}: {why}")
+        producer.synchronize()
+    return bad
+
+
+@pytest.mark.parametrize("algo", ["oneshot", "twoshot"])
+def test_processes_wait_for_a_cai_producers_stream(monkeypatch, algo):
+    if HALF:
+        monkeypatch.setenv("GPUCOLL_CUSTOM_BUFFER_BYTES", str(HALF))
+    results = gpucoll.spawn(_cai_producer_stream, 2, args=(algo,), backend="custom", timeout=300.0)
+    assert results == [[], []], results
+
+
 def _missing_peer(comm):
     """Rank 1 never calls: rank 0's kernel gives up after the communicator's timeout, the next synchronisation
     raises CollectiveTimeout naming rank 1, and later calls are refused."""
