@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from gpucoll import _timeout
 from gpucoll.backends import custom, nccl
 from gpucoll.bootstrap.store import new_secret
 from gpucoll.communicator import init
@@ -100,6 +101,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         raise InvalidArgument(f"nranks must be an integer >= 1; got {nranks!r}")
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable; got {type(fn).__name__}")
+    timeout = _timeout.check(timeout)  # here, not as one refusal per worker
     _check_main_guard()
     _check_sendable(fn, args, init_kwargs)
     worker_env: dict = {}

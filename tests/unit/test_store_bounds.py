@@ -100,6 +100,8 @@ def test_a_timeout_no_layer_can_hold_is_refused_at_the_call(bad):
         gpucoll.init(rank=0, world_size=1, backend="host", timeout=bad)
     with pytest.raises(InvalidArgument, match="timeout must be"):
         TCPStore(HOST, 0, is_server=True, timeout=bad)
+    with pytest.raises(InvalidArgument, match="timeout must be"):
+        gpucoll.spawn(_month_worker, 2, backend="host", timeout=bad)
     server = _server()
     try:
         with pytest.raises(InvalidArgument, match="timeout must be"):
