@@ -276,9 +276,8 @@ def _never_called(comm):
     raise AssertionError("init should have failed before fn was called")
 
 
-def test_spawn_timeout_not_positive_reraised_in_parent():
-    """Workers reject the timeout in init; the parent re-raises the same type with the rank attached."""
-    with pytest.raises(InvalidArgument, match="timeout") as info:
+def test_spawn_timeout_not_positive_refused_at_the_call():
+    """spawn checks the timeout as init would, before any worker starts (not as one refusal per worker)."""
+    with pytest.raises(InvalidArgument, match=r"timeout must be a positive number of seconds; got -1\.0") as info:
         gpucoll.spawn(_never_called, 2, timeout=-1.0, backend="host")
-    assert info.value.rank in (0, 1)
-    assert info.value.results == [None, None]
+    assert not hasattr(info.value, "rank")  # no worker ran
