@@ -22,6 +22,10 @@ from gpucoll.errors import InvalidUsage, RemoteError
 pytestmark = helpers.timeout_mark(300)
 
 TIMEOUT = 5.0
+# The survivors' test gives set-up room on a loaded machine (rank 0 may start seconds after the others, and 5 s to
+# connect was seen to run out in CI); a killed peer is named without waiting for the timeout, so recovery is still
+# held to RECOVERY_S.
+SETUP_TIMEOUT, RECOVERY_S = 30.0, 10.0
 BIG = 1 << 20  # elements: a collective long enough to be killed in the middle of
 
 
@@ -64,7 +68,7 @@ def _worker(comm, dead, when):
                                          (4, (1, 3), "between")])
 def test_survivors_shrink_and_carry_on(P, dead, when):
     with pytest.raises(RemoteError) as info:
-        gpucoll.spawn(_worker, P, args=(dead, when), backend="host", timeout=TIMEOUT, elastic=True)
+        gpucoll.spawn(_worker, P, args=(dead, when), backend="host", timeout=SETUP_TIMEOUT, elastic=True)
     results = info.value.results
     survivors = [q for q in range(P) if q not in dead]
     fails = []
@@ -74,7 +78,7 @@ def test_survivors_shrink_and_carry_on(P, dead, when):
         fails += res["fails"]
         assert res["shape"] == (survivors.index(q), len(survivors)), res
         assert res["error"] is not None, res
-        assert res["recovery_s"] < TIMEOUT + 5, res
+        assert res["recovery_s"] < RECOVERY_S, res
     assert not fails, helpers.format_failures(fails)
     print(f"P={P} dead={dead} {when}: recovery (failed call's start -> first collective on the shrunk "
           f"communicator) {[round(results[q]['recovery_s'], 3) for q in survivors]} s; errors "
