@@ -121,7 +121,7 @@ void bind_cuda(py::module_& m) {
       .def(py::init<int, int, int, size_t, double>(), py::arg("rank"), py::arg("nranks"), py::arg("device"),
            py::arg("half_bytes"), py::arg("timeout_s"))
       .def("ipc_handle", [](const CustomComm& c) { return py::bytes(c.ipc_handle()); })
-      .def("connect_ipc", &CustomComm::connect_ipc, py::arg("handles"), py::arg("min_sms"),
+      .def("connect_ipc", &CustomComm::connect_ipc, py::arg("handles"), py::arg("min_sms"), py::arg("co_resident") = 1,
            py::call_guard<py::gil_scoped_release>())
       .def("connect_local", &CustomComm::connect_local, py::arg("comms"))
       .def_property_readonly("p2p_row", [](const CustomComm& c) { return c.p2p_row(); })

@@ -355,6 +355,27 @@ def _shared_gpu_problems(places) -> list:
              f"{MULTI_RANK_ENV}={os.environ.get(MULTI_RANK_ENV, '')!r})")]
 
 
+def _mps_control_pipe() -> str | None:
+    """The CUDA MPS control pipe a client of this process would use, when it exists (the daemon is running)."""
+    pipe = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
+    return pipe if os.path.exists(pipe) else None
+
+
+def _time_slice_warning(rank: int, places, emulated: bool) -> str | None:
+    """Why this rank's calls will be slow, when other processes share its GPU without MPS, or None. Without MPS the
+    GPU runs one process's context at a time and switches on a time slice; kernels that spin on each other's flags
+    then wait for the slice to turn on every call (measured on an H200: 4.5 ms per 8-byte allreduce of 2 processes,
+    47 us under MPS; bench/results/h200-2026-11-27-second)."""
+    mine = places[rank]
+    sharing = [r for r, p in enumerate(places) if p == mine]
+    if emulated or len(sharing) < 2 or _mps_control_pipe() is not None:
+        return None
+    return (f"custom backend: ranks {sharing} are separate processes on one GPU and no CUDA MPS daemon runs (no "
+            f"control pipe in {os.environ.get('CUDA_MPS_PIPE_DIRECTORY') or '/tmp/nvidia-mps'}): the GPU time-slices "
+            f"between them and every call waits for a slice (milliseconds). Start MPS first "
+            f"(nvidia-cuda-mps-control -d), or run the ranks in one process (gpucoll.testing.virtual_ranks)")
+
+
 def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     """This rank's custom communicator: allocate, exchange IPC handles and SM counts through `store`, map the
     peers, prove P2P with a real copy, agree on the P2P matrix, and set up the NCCL fallback."""
@@ -380,7 +401,9 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
                                   f"are {halves} bytes")
         hosts = [h[0] for h in hello]
         if len(set(hosts)) == 1:
-            native.connect_ipc([bytes.fromhex(h[1]) for h in hello], min(int(h[2]) for h in hello))
+            here = (hello[rank][0], hello[rank][4])
+            native.connect_ipc([bytes.fromhex(h[1]) for h in hello], min(int(h[2]) for h in hello),
+                               sum(1 for h in hello if (h[0], h[4]) == here))
             row = list(native.p2p_row)
         else:
             row = [0] * P  # other nodes: nothing to map; eligibility names the nodes
@@ -401,6 +424,9 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     except BaseException:
         native.close()
         raise
+    slow = _time_slice_warning(rank, [(h[0], h[4]) for h in hello], bool(probe.get("emulated")))
+    if slow and rank == min(r for r, h in enumerate(hello) if (h[0], h[4]) == (hello[rank][0], hello[rank][4])):
+        _log.warn(slow)
     _log.debug(f"custom communicator: rank {rank}/{P} on cuda:{dev}, {native.sms} SMs, P2P row {row}")
     return CustomBackend(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
                          hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why)

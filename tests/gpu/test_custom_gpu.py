@@ -574,3 +574,26 @@ def test_sanitizers_clean():
     proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def _process_shapes(comm, nbytes):
+    native = comm._impl._native
+    return native.sms, tuple(native.shape_for("twoshot", nbytes, _C.DType.float32, _C.RedOp.sum))
+
+
+def test_processes_sharing_a_gpu_cap_their_grids_like_virtual_ranks():
+    """Under CUDA MPS the kernels of processes on one GPU run at once and spin on each other, as virtual ranks do:
+    every block of every rank must be resident together. (An H200 run of the process tests under MPS stalled:
+    bench/results/h200-2026-11-27-second.) Each process's grid is capped as P virtual ranks' would be."""
+    P, nbytes = 3, 64 * MiB
+    shapes = gpucoll.spawn(_process_shapes, P, args=(nbytes,), backend="custom", device=0, timeout=120.0)
+    from gpucoll.testing import virtual_ranks
+
+    with virtual_ranks(P, device=0) as vr:
+        want = tuple(vr.launch_shape("twoshot", nbytes))
+    sms = shapes[0][0]
+    assert all(s == (sms, want) for s in shapes), (shapes, want)
+    uncapped = tuple(_C.custom_launch_shape("twoshot", nbytes, P, sms))
+    if want[0] == uncapped[0]:
+        pytest.skip(f"this device's {sms} SMs hold every block of {P} uncapped ranks: the cap does not bind")
+    assert want[0] < uncapped[0]

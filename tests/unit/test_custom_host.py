@@ -296,3 +296,20 @@ def test_timed_out_custom_backend_refuses_later_calls():
     assert e.value.ranks == (1,)
     with pytest.raises(gpucoll.errors.InvalidUsage, match="timed out waiting for a peer; the communicator is unusable"):
         backend.collective(0, None, None, 10, None, 0)
+
+
+# -- processes sharing a GPU ------------------------------------------------------------------------------------------
+
+def test_processes_sharing_a_gpu_without_mps_are_warned(tmp_path, monkeypatch):
+    """Measured on an H200: 2 processes on one GPU take 4.5 ms per 8-byte allreduce without MPS and 47 us under
+    it. The warning names the sharing ranks and the fix; it is silent under MPS, on distinct GPUs and on the
+    emulated device (which does not time-slice)."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    places = [("h", "0000:01:00.0"), ("h", "0000:01:00.0"), ("h", "0000:02:00.0"), ("other", "0000:01:00.0")]
+    why = _custom_backend._time_slice_warning(1, places, emulated=False)
+    assert why is not None and "ranks [0, 1]" in why and "nvidia-cuda-mps-control -d" in why and str(tmp_path) in why
+    assert _custom_backend._time_slice_warning(2, places, emulated=False) is None  # alone on its GPU
+    assert _custom_backend._time_slice_warning(3, places, emulated=False) is None  # same bus id, other host
+    assert _custom_backend._time_slice_warning(0, places, emulated=True) is None
+    (tmp_path / "control").touch()  # the daemon's control pipe: MPS runs
+    assert _custom_backend._time_slice_warning(0, places, emulated=False) is None

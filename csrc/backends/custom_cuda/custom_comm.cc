@@ -94,8 +94,10 @@ std::string CustomComm::ipc_handle() const {
   return mem_->ipc_handle();
 }
 
-void CustomComm::connect_ipc(const std::vector<std::string>& handles, int min_sms) {
+void CustomComm::connect_ipc(const std::vector<std::string>& handles, int min_sms, int co_resident) {
   GPUCOLL_CHECK_ARG(!connected_, "the communicator is already connected");
+  GPUCOLL_CHECK_ARG(co_resident >= 1 && co_resident <= nranks_, "co_resident must be in [1, ", nranks_, "]; got ",
+                    co_resident);
   GPUCOLL_CHECK_ARG(handles.size() == static_cast<size_t>(nranks_), "need one IPC handle per rank (", nranks_,
                     "); got ", handles.size());
   DeviceGuard guard(device_);
@@ -116,8 +118,15 @@ void CustomComm::connect_ipc(const std::vector<std::string>& handles, int min_sm
     p2p_row_[q] = probe_peer(static_cast<Signals*>(sigs_.ptr[q]), q) ? 1 : 0;
   }
   if (min_sms > 0) sms_ = std::min(sms_, min_sms);
+  // Processes sharing a GPU: time-sliced contexts (no MPS) run one process's kernels at a time, and the cap costs
+  // nothing there; under MPS their kernels run at once and spin on each other exactly like virtual ranks, so every
+  // block of every one of them must be resident together (an H200 run of the process tests under MPS stalled).
+  if (co_resident > 1) {
+    gpucoll::custom::check_residency(co_resident, 1, sms_,
+                                     cached_blocks_per_sm(Algo::kRing, DType::kF64, RedOp::kAvg, device_));
+  }
   alloc_table();
-  co_resident_ = 1;  // one rank per process: ranks sharing a GPU time-slice (correctness only), see testing.py
+  co_resident_ = co_resident;
   connected_ = true;
 }
 

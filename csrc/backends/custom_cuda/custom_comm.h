@@ -4,7 +4,8 @@
 //
 // Two ways to connect P ranks:
 //   connect_ipc    one process per rank (several GPUs, or several processes on one GPU): handles exchanged
-//                  through the rendezvous store, opened with cudaIpcOpenMemHandle.
+//                  through the rendezvous store, opened with cudaIpcOpenMemHandle. `co_resident` ranks share this
+//                  rank's GPU: under CUDA MPS their kernels run at once, so their grids are capped as below.
 //   connect_local  P communicators in one process (virtual ranks on one GPU): plain pointers. All P ranks'
 //                  blocks spin on each other, so they must all be resident at once: the grid of each rank is
 //                  capped at max_blocks_per_rank(P, SMs, occupancy) and check_residency raises past that.
@@ -51,7 +52,7 @@ class CustomComm {
   std::string ipc_handle() const;
   // `handles[q]` is rank q's ipc_handle() (this rank's own entry is not opened). `min_sms` is the smallest SM
   // count of all ranks: every rank must pick the same grid for the same call.
-  void connect_ipc(const std::vector<std::string>& handles, int min_sms);
+  void connect_ipc(const std::vector<std::string>& handles, int min_sms, int co_resident = 1);
   // `comms[q]` is rank q (this one included), all on this communicator's device, in this process.
   void connect_local(const std::vector<CustomComm*>& comms);
   // This rank's row of the P2P matrix: row[q] = 1 when a real copy through the mapping of rank q's memory read
