@@ -162,9 +162,14 @@ def _resolve_numpy(x, arg: str, writable: bool) -> Buffer:
     return Buffer(x, "numpy", ptr, int(x.size), dtype, canonical, x.itemsize, tuple(x.shape), "cpu")
 
 
+_TORCH_DTYPES: dict = {}  # torch dtype -> (DType, canonical name); filled on first use of each supported dtype
+
+
 def _resolve_torch(x, arg: str) -> Buffer:
-    name = str(x.dtype).replace("torch.", "")
-    dtype, canonical = _dtype_enum(name, arg)
+    known = _TORCH_DTYPES.get(x.dtype)
+    if known is None:
+        known = _TORCH_DTYPES[x.dtype] = _dtype_enum(str(x.dtype).replace("torch.", ""), arg)
+    dtype, canonical = known
     if not x.is_contiguous():
         raise InvalidArgument(f"{arg} must be contiguous; got a tensor with shape {tuple(x.shape)} and strides "
                               f"{tuple(x.stride())} (call .contiguous())")
@@ -219,16 +224,15 @@ def _resolve_cupy(x, arg: str):
                   f"cuda:{int(x.device.id)}")
 
 
-def _resolve_cai(x, cai, arg: str, writable: bool):
-    try:
-        shape = tuple(int(d) for d in cai["shape"])
-        typestr = cai["typestr"]
-        ptr, readonly = cai["data"]
-    except (KeyError, TypeError, ValueError):
-        raise InvalidArgument(f"{arg} has a malformed __cuda_array_interface__ (needs shape, typestr and data): "
-                              f"{cai!r}") from None
-    if cai.get("mask") is not None:
-        raise Unsupported(f"{arg} is a masked __cuda_array_interface__ array; masks are not supported")
+_CAI_TYPES: dict = {}  # typestr -> (DType, canonical name, itemsize): filled on first use of each supported typestr
+
+
+def _cai_type(typestr, arg: str) -> tuple:
+    """(DType, canonical name, itemsize) of a __cuda_array_interface__ typestr, or the typed error naming `arg`.
+    Every call pays for this lookup, so a supported typestr is worked out once (np.dtype alone costs microseconds)."""
+    known = _CAI_TYPES.get(typestr) if isinstance(typestr, str) else None
+    if known is not None:
+        return known
     try:
         npdt = np.dtype(typestr)
     except TypeError:
@@ -237,8 +241,26 @@ def _resolve_cai(x, cai, arg: str, writable: bool):
         raise Unsupported(f"{arg} has __cuda_array_interface__ typestr {typestr!r} (raw bytes): gpucoll cannot tell "
                           f"its element type; bfloat16 and fp8 arrays must come as torch tensors or through DLPack")
     dtype, canonical = _dtype_enum(npdt.name, arg)
+    known = (dtype, canonical, npdt.itemsize)
+    if isinstance(typestr, str):
+        _CAI_TYPES[typestr] = known
+    return known
+
+
+def _resolve_cai(x, cai, arg: str, writable: bool):
+    try:
+        shape = cai["shape"]
+        shape = shape if type(shape) is tuple and all(type(d) is int for d in shape) else tuple(int(d) for d in shape)
+        typestr = cai["typestr"]
+        ptr, readonly = cai["data"]
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgument(f"{arg} has a malformed __cuda_array_interface__ (needs shape, typestr and data): "
+                              f"{cai!r}") from None
+    if cai.get("mask") is not None:
+        raise Unsupported(f"{arg} is a masked __cuda_array_interface__ array; masks are not supported")
+    dtype, canonical, itemsize = _cai_type(typestr, arg)
     strides = cai.get("strides")
-    if strides is not None and not _is_c_contiguous(shape, tuple(strides), npdt.itemsize):
+    if strides is not None and not _is_c_contiguous(shape, tuple(strides), itemsize):
         raise InvalidArgument(f"{arg} must be C-contiguous; got a __cuda_array_interface__ array with shape {shape} "
                               f"and strides {tuple(strides)}")
     if writable and readonly:
@@ -250,7 +272,7 @@ def _resolve_cai(x, cai, arg: str, writable: bool):
     if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream < 0):
         raise InvalidArgument(f"{arg} has __cuda_array_interface__ stream {stream!r}; expected None or a handle")
     # The device is not part of the interface: "cuda" until the NCCL backend asks the driver.
-    return Buffer(x, "cai", int(ptr or 0), count, dtype, canonical, npdt.itemsize, shape, "cuda", stream=stream)
+    return Buffer(x, "cai", int(ptr or 0), count, dtype, canonical, itemsize, shape, "cuda", stream=stream)
 
 
 def _resolve_dlpack(x, arg: str):

@@ -41,6 +41,8 @@ _DTYPES = {
     "float8_e5m2": (np.uint8, 12, 8),
 }
 _RAW_ONLY = ("float8_e4m3fn", "float8_e5m2")  # no NumPy type: raw bits in and out
+# __cuda_array_interface__ type strings, worked out once: the interface is read on every collective call.
+_TYPESTR = {name: np.dtype(t[0]).str for name, t in _DTYPES.items() if name != "bfloat16" and name not in _RAW_ONLY}
 
 
 def _dtype_name(dtype) -> str:
@@ -180,8 +182,8 @@ class DeviceArray:
         if self.dtype == "bfloat16" or self.dtype in _RAW_ONLY:
             # No type string says bfloat16 or fp8 (it would be raw bytes, "|V2"): consumers must come through DLPack.
             raise AttributeError(f"{self.dtype} DeviceArrays export DLPack only")
-        return {"shape": self.shape, "typestr": np.dtype(_DTYPES[self.dtype][0]).str, "data": (self.ptr, False),
-                "version": 3, "strides": None, "stream": None}
+        return {"shape": self.shape, "typestr": _TYPESTR[self.dtype], "data": (self.ptr, False), "version": 3,
+                "strides": None, "stream": None}
 
     def __dlpack_device__(self) -> tuple:
         return (2, self.device)  # kDLCUDA
