@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "algo/registry.h"
+#include "algo/selector.h"
 #include "backends/host/host_comm.h"
 #include "backends/host/kernels.h"
 #include "core/config.h"
@@ -13,6 +14,29 @@
 namespace py = pybind11;
 
 namespace gpucoll::python {
+
+namespace {
+
+// The DType of a native-order buffer-protocol format, for the formats NumPy gives the dtypes the host backend
+// reduces; false for anything else (the caller then takes the Python path, which names the problem).
+bool native_dtype(const char* format, Py_ssize_t itemsize, DType* out) {
+  if (format == nullptr || format[0] == '\0' || format[1] != '\0') return false;
+  switch (format[0]) {
+    case 'e': *out = DType::kF16; return itemsize == 2;
+    case 'f': *out = DType::kF32; return itemsize == 4;
+    case 'd': *out = DType::kF64; return itemsize == 8;
+    case 'b': *out = DType::kI8; return itemsize == 1;
+    case 'B': *out = DType::kU8; return itemsize == 1;
+    case 'i': case 'l': case 'q':
+      if (itemsize == 4) *out = DType::kI32;
+      else if (itemsize == 8) *out = DType::kI64;
+      else return false;
+      return true;
+    default: return false;
+  }
+}
+
+}  // namespace
 
 void bind_host(py::module_& m) {
   using host::HostComm;
@@ -79,6 +103,41 @@ void bind_host(py::module_& m) {
           py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
           py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_reduce_array",
+          // Communicator.all_reduce(x) in place on a NumPy array with algo="auto": one crossing for what the Python
+          // layers otherwise do in several (buffer, dtype, placement, algorithm, run), which cost 6x the run itself
+          // at 8 B (bench/dispatch_overhead.py). Anything unusual (another format or byte order, read-only,
+          // strided, empty) returns false before touching anything, and the Python path raises its typed error.
+          [](HostComm& c, py::handle x, RedOp op, int nranks, int local_size) {
+            Py_buffer view;
+            if (PyObject_GetBuffer(x.ptr(), &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+              PyErr_Clear();
+              return false;
+            }
+            // Released after the run, with the GIL held again (the guard below is destroyed first).
+            struct Release {
+              Py_buffer* v;
+              ~Release() { PyBuffer_Release(v); }
+            } release{&view};
+            DType dtype;
+            if (!native_dtype(view.format, view.itemsize, &dtype) || view.len <= 0) return false;
+            host::CollArgs args;
+            args.coll = algo::Coll::kAllReduce;
+            args.in = view.buf;
+            args.out = view.buf;
+            args.count = static_cast<int64_t>(view.len / view.itemsize);
+            args.dtype = dtype;
+            args.op = op;
+            args.local_size = local_size;
+            args.auto_algo = true;
+            const algo::Algorithm& a = algo::select_algorithm(algo::Coll::kAllReduce, nranks, view.len, local_size,
+                                                              "auto");
+            py::gil_scoped_release nogil;
+            c.run(args, a);
+            return true;
+          },
+          py::arg("x"), py::arg("op"), py::arg("nranks"), py::arg("local_size"))
       .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def(
           "p2p",

@@ -60,6 +60,13 @@ class Host(Backend):
                                   f"array on {dst.device}")
 
     # -- operations -----------------------------------------------------------------------------------------------
+    def fast_all_reduce(self, x, redop) -> bool:
+        """all_reduce(x) in place with algo='auto' on a NumPy array, in one native call; False where that call
+        declines (anything unusual) or a group() is open, and the general path then runs the call."""
+        if self._group is not None:
+            return False
+        return self.impl.all_reduce_array(x, redop, self.world_size, self.local_size)
+
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         if stream is not None:
             raise InvalidArgument(_HOST_STREAM)
