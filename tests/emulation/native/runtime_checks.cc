@@ -329,6 +329,9 @@ bool capture_fork_join_and_replay() {
   cudaEvent_t eager;
   OK(cudaEventCreateWithFlags(&eager, cudaEventDisableTiming));
   OK(cudaEventRecord(eager, s1));
+  // Complete before the queries below: relaxed mode must let them through (cudaSuccess), and an event still pending
+  // behind s1's host functions would answer cudaErrorNotReady instead (it did under CI load, with 3 SMs).
+  OK(cudaEventSynchronize(eager));
   OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeRelaxed));
   EXPECT_ERR(cudaStreamWaitEvent(s0, eager, 0), cudaErrorStreamCaptureIsolation);
   EXPECT_ERR(cudaStreamEndCapture(s0, &bad), cudaErrorStreamCaptureInvalidated);
