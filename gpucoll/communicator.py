@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
-
 from gpucoll import _buffers, _log, _timeout, backends, config
 from gpucoll import group as groups
 from gpucoll._native import _C
@@ -275,19 +273,13 @@ class Communicator:
         have x's size and dtype and not overlap it, and is returned.
         """
         self._check_open("all_reduce")
-        if (type(x) is np.ndarray and out is None and stream is None and async_op is False and type(algo) is str
-                and algo == "auto" and self._fast_all_reduce is not None):
+        if out is None and self._fast_all_reduce is not None:
             try:
-                redop = _OP_CACHE[op]  # ops seen before; a new or bad one takes the general path below
-            except (KeyError, TypeError):
-                redop = None
-            if redop is not None:
-                try:
-                    if self._fast_all_reduce(x, redop):
-                        return x
-                except (CollectiveTimeout, RemoteError) as e:
-                    self._failed.update(e.ranks or ())
-                    raise
+                if self._fast_all_reduce(x, op, algo, stream, async_op):
+                    return x
+            except (CollectiveTimeout, RemoteError) as e:
+                self._failed.update(e.ranks or ())
+                raise
         src = self._resolve(x, "x", writable=out is None)
         dst = self._resolve_out(src, out, src.count)
         redop = _parse_op(op)

@@ -13,6 +13,8 @@ import contextlib
 import json
 import socket
 
+import numpy as np
+
 from gpucoll import _buffers
 from gpucoll._native import _C
 from gpucoll.backends.base import BLOCKED, Backend
@@ -21,6 +23,7 @@ from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsu
 
 _KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",
                "dlpack": "DLPack array"}
+_FAST_OPS = {name: getattr(_C.RedOp, name) for name in ("sum", "prod", "min", "max", "avg")}
 _HOST_STREAM = "stream= applies to the nccl backend; the host backend runs each operation on the calling thread"
 
 
@@ -60,12 +63,15 @@ class Host(Backend):
                                   f"array on {dst.device}")
 
     # -- operations -----------------------------------------------------------------------------------------------
-    def fast_all_reduce(self, x, redop) -> bool:
-        """all_reduce(x) in place with algo='auto' on a NumPy array, in one native call; False where that call
-        declines (anything unusual) or a group() is open, and the general path then runs the call."""
-        if self._group is not None:
+    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
+        """all_reduce(x) in place of a NumPy array with algo='auto' and a lower-case op name, in one native call;
+        False where anything else was asked, a group() is open or the native call declines (anything unusual), and
+        the general path then runs the call and raises its typed errors."""
+        if (type(x) is not np.ndarray or stream is not None or async_op is not False or type(algo) is not str
+                or algo != "auto" or type(op) is not str or self._group is not None):
             return False
-        return self.impl.all_reduce_array(x, redop, self.world_size, self.local_size)
+        redop = _FAST_OPS.get(op)
+        return redop is not None and self.impl.all_reduce_array(x, redop, self.world_size, self.local_size)
 
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         if stream is not None:
