@@ -152,6 +152,9 @@ def _resolve_numpy(x, arg: str, writable: bool) -> Buffer:
         raise Unsupported(f"{arg} has dtype {name}, which gpucoll does not support; expected one of "
                           f"{', '.join(SUPPORTED)}")
     dtype, canonical = _dtype_enum(name, arg)
+    if not x.dtype.isnative:  # a float32 in the other byte order reduced as ours would be silently wrong
+        raise InvalidArgument(f"{arg} must be in this machine's byte order; got dtype {x.dtype.str} (use "
+                              f"{arg}.astype({arg}.dtype.newbyteorder('=')))")
     _NUMPY_DTYPES[x.dtype] = (dtype, canonical)
     if not x.flags.c_contiguous:
         raise InvalidArgument(f"{arg} must be C-contiguous; got an array with shape {x.shape} and strides "
@@ -241,6 +244,9 @@ def _cai_type(typestr, arg: str) -> tuple:
         raise Unsupported(f"{arg} has __cuda_array_interface__ typestr {typestr!r} (raw bytes): gpucoll cannot tell "
                           f"its element type; bfloat16 and fp8 arrays must come as torch tensors or through DLPack")
     dtype, canonical = _dtype_enum(npdt.name, arg)
+    if not npdt.isnative:
+        raise InvalidArgument(f"{arg} has __cuda_array_interface__ typestr {typestr!r}, which is not this machine's "
+                              f"byte order")
     known = (dtype, canonical, npdt.itemsize)
     if isinstance(typestr, str):
         _CAI_TYPES[typestr] = known

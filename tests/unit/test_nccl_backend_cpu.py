@@ -260,6 +260,9 @@ def test_cuda_array_interface_is_classified_as_cuda():
         _buffers.resolve(FakeCAI(typestr="<V2"), "x")
     with pytest.raises(Unsupported, match="complex64"):
         _buffers.resolve(FakeCAI(typestr="<c8"), "x")
+    for _ in range(2):  # the second time through the typestr cache
+        with pytest.raises(InvalidArgument, match="byte order"):
+            _buffers.resolve(FakeCAI(typestr=">f4"), "x")
     with pytest.raises(Unsupported, match="masked"):
         _buffers.resolve(FakeCAI(mask=object()), "x")
     with pytest.raises(InvalidArgument, match="out must be writable"):
