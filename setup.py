@@ -62,6 +62,21 @@ def _build_dir(mode: str, name: str) -> Path:
     return ROOT / "build" / f"{name}-{mode}-py{sys.version_info[0]}.{sys.version_info[1]}"
 
 
+def _kept_pybind11(build_temp: Path, pybind11) -> str:
+    """pybind11's CMake directory in a copy kept in the build directory (its headers and CMake files, 1.4 MB). Build
+    isolation installs pybind11 in a fresh temporary environment for every pip run: with the headers at a new path
+    each time, every binding would compile again on each install."""
+    src = Path(pybind11.__file__).resolve().parent
+    kept = build_temp / f"pybind11-{pybind11.__version__}"
+    if not (kept / "share").is_dir():
+        part = kept.with_name(kept.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        for sub in ("include", "share"):
+            shutil.copytree(src / sub, part / sub)
+        part.rename(kept)
+    return str(kept / Path(pybind11.get_cmake_dir()).resolve().relative_to(src))
+
+
 class CMakeExtension(Extension):
     def __init__(self, name, sourcedir=""):
         super().__init__(name, sources=[])
@@ -123,7 +138,6 @@ class CMakeBuild(build_ext):
         args = [
             f"-DGPUCOLL_OUTPUT_DIR={out_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
-            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             f"-DGPUCOLL_VERSION={_version()}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
@@ -136,17 +150,21 @@ class CMakeBuild(build_ext):
             args += [f"-DGPUCOLL_CUDA={mode}", f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
         # Switching CUDA on/off changes the cached compiler: start that configuration from scratch.
         stamp = build_temp / "gpucoll-config.txt"
-        # The configuration, less two paths that change with every pip run and must not throw the kept build
-        # directory away: pybind11's (build isolation installs it in a fresh temporary environment) and the output
-        # directory (pip's temporary build-lib; a new one only relinks).
+        # The configuration, less the output directory, which changes with every pip run and must not throw the kept
+        # build directory away (pip's temporary build-lib; a new one only relinks). pybind11 comes in by its version
+        # (below: a copy kept here, wherever build isolation installed it).
         extra = shlex.split(os.environ.get("CMAKE_ARGS", ""))
-        config_key = "\n".join([a for a in args if not a.startswith(("-Dpybind11_DIR=", "-DGPUCOLL_OUTPUT_DIR="))]
-                               + [f"pybind11 {pybind11.__version__}", *extra])
+        # The interpreter by its resolved path: `pip` runs builds as .../bin/python3, `python -m pip` as .../bin/python
+        # (the same interpreter), and .ci/run installs both ways: a spelling must not recompile everything.
+        config_key = "\n".join([a for a in args if not a.startswith(("-DGPUCOLL_OUTPUT_DIR=", "-DPython_EXECUTABLE="))]
+                               + [f"python {os.path.realpath(sys.executable)}", f"pybind11 {pybind11.__version__}",
+                                  *extra])
         ninja = shutil.which("ninja")
         config_key += f"\nninja {bool(ninja)}"
         if stamp.exists() and stamp.read_text() != config_key:
             shutil.rmtree(build_temp)
             build_temp.mkdir(parents=True)
+        args.append(f"-Dpybind11_DIR={_kept_pybind11(build_temp, pybind11)}")
         if ninja:
             # Each isolated build has its own ninja: the kept cache must not point at the last one's, now deleted.
             args.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")

@@ -4,7 +4,34 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
+
 namespace gpucoll::python {
+
+// The deleter of bound objects whose destructor waits for the device or for peers (cudaFree waits for every
+// stream; a communicator's teardown for its kernels). pybind11 runs destructors with the GIL held, so a DeviceArray
+// dropped while a collective is in flight would hold it for the whole wait, and any Python thread that collective
+// needs stalls with it: rank 0's rendezvous store and the NCCL watchdog are such threads, so peers waiting on the
+// store never launch their half and nothing times out. At interpreter exit the GIL stays held (threads may no
+// longer take it).
+template <class T>
+struct DeleteWithoutGil {
+  void operator()(T* p) const noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing() != 0;
+#else
+    const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+    if (PyGILState_Check() && !finalizing) {
+      pybind11::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  }
+};
+template <class T>
+using NoGilHolder = std::unique_ptr<T, DeleteWithoutGil<T>>;
 
 // errors.cc: translates gpucoll::Error into gpucoll.errors classes (once, for every binding).
 void bind_errors(pybind11::module_& m);

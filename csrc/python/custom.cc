@@ -117,9 +117,9 @@ cuda::custom::ExportedRange range_from(const std::tuple<std::string, uint64_t>& 
 void bind_cuda(py::module_& m) {
   using cuda::custom::CustomComm;
   using Ranges = std::vector<std::tuple<std::string, uint64_t>>;
-  py::class_<CustomComm>(m, "CustomComm")
+  py::class_<CustomComm, NoGilHolder<CustomComm>>(m, "CustomComm")
       .def(py::init<int, int, int, size_t, double>(), py::arg("rank"), py::arg("nranks"), py::arg("device"),
-           py::arg("half_bytes"), py::arg("timeout_s"))
+           py::arg("half_bytes"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("ipc_handle", [](const CustomComm& c) { return py::bytes(c.ipc_handle()); })
       .def("connect_ipc", &CustomComm::connect_ipc, py::arg("handles"), py::arg("min_sms"), py::arg("co_resident") = 1,
            py::call_guard<py::gil_scoped_release>())
@@ -186,7 +186,7 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("open_mappings", &CustomComm::open_mappings)
       .def_property_readonly("registered_count", &CustomComm::registered_count);
 
-  py::class_<cuda::Stream>(m, "CudaStream")
+  py::class_<cuda::Stream, NoGilHolder<cuda::Stream>>(m, "CudaStream")
       .def(py::init<int>(), py::arg("device"))
       .def_property_readonly("handle", [](const cuda::Stream& s) { return reinterpret_cast<uintptr_t>(s.get()); })
       .def("synchronize", &cuda::Stream::synchronize, py::call_guard<py::gil_scoped_release>());
@@ -198,7 +198,7 @@ void bind_cuda(py::module_& m) {
       .def("wait_on", [](const cuda::Event& e, uintptr_t s) { e.wait_on(as_stream(s)); }, py::arg("stream"))
       .def("elapsed_ms", &cuda::Event::elapsed_ms, py::arg("start"),
            "Milliseconds since `start` completed (both made with timing=True, both complete).");
-  py::class_<cuda::MultiStreamGraph>(m, "MultiStreamGraph")
+  py::class_<cuda::MultiStreamGraph, NoGilHolder<cuda::MultiStreamGraph>>(m, "MultiStreamGraph")
       .def(py::init([](int device, const std::vector<uintptr_t>& streams) {
              std::vector<cudaStream_t> ss;
              for (uintptr_t s : streams) ss.push_back(as_stream(s));

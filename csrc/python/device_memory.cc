@@ -106,8 +106,8 @@ std::pair<void*, size_t> host_span(const py::buffer& b, bool writable) {
 void bind_device_memory(py::module_& m) {
 #ifdef GPUCOLL_WITH_CUDA
   using cuda::DeviceBuffer;
-  py::class_<DeviceBuffer>(m, "DeviceBuffer")
-      .def(py::init<size_t, int>(), py::arg("nbytes"), py::arg("device"))
+  py::class_<DeviceBuffer, NoGilHolder<DeviceBuffer>>(m, "DeviceBuffer")
+      .def(py::init<size_t, int>(), py::arg("nbytes"), py::arg("device"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("ptr", &DeviceBuffer::ptr)
       .def_property_readonly("nbytes", &DeviceBuffer::bytes)
       .def_property_readonly("device", &DeviceBuffer::device)

@@ -55,7 +55,7 @@ void bind_comm(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       .def("synchronize", &Work::synchronize, py::call_guard<py::gil_scoped_release>());
 
-  py::class_<NcclComm>(m, "NcclComm")
+  py::class_<NcclComm, NoGilHolder<NcclComm>>(m, "NcclComm")
       .def(py::init([](const py::bytes& uid, int nranks, int rank, int device, double timeout_s) {
              const std::string raw = uid;
              GPUCOLL_CHECK_ARG(raw.size() == sizeof(ncclUniqueId), "the NCCL unique id must be ",
