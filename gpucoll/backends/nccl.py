@@ -383,8 +383,15 @@ class NcclBackend:
 
     def _publish(self, issued: int) -> None:
         self._last_publish = time.monotonic()
+        key, value = f"{self._prefix}seq/{self.rank}", str(int(issued)).encode()
         try:
-            self._store.set(f"{self._prefix}seq/{self.rank}", str(int(issued)).encode())
+            # Not behind a wait of this rank's main thread on the same store client (a barrier may take the whole
+            # timeout): the watchdog would stall with it and name no timed-out operation. Tried again next poll.
+            try_set = getattr(self._store, "try_set", None)
+            if try_set is not None and not try_set(key, value):
+                return
+            if try_set is None:
+                self._store.set(key, value)
             self._published = issued
         except Exception as e:  # noqa: BLE001 - the store may be gone (rank 0 exited); progress is best effort
             _log.debug(f"NCCL watchdog could not publish progress: {e}")

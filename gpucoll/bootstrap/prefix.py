@@ -24,6 +24,14 @@ class PrefixStore:
     def set(self, key: str, value: bytes) -> None:
         self._base.set(self._k(key), value)
 
+    def try_set(self, key: str, value: bytes) -> bool:
+        """The base store's try_set where it has one (gpucoll's store); else set(), which always happens."""
+        try_set = getattr(self._base, "try_set", None)
+        if try_set is None:
+            self._base.set(self._k(key), value)
+            return True
+        return try_set(self._k(key), value)
+
     def get(self, key: str, timeout: float | None = None) -> bytes:
         return self._base.get(self._k(key), timeout=timeout)
 

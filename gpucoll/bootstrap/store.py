@@ -251,9 +251,12 @@ class TCPStore:
             self._sock.close()
             self._sock = None
 
-    def _request(self, writer: _Writer, io_timeout: float, waiting_for: str = "") -> _Reader:
+    def _request(self, writer: _Writer, io_timeout: float, waiting_for: str = "", if_idle: bool = False):
+        """The reply (a _Reader); with if_idle, None at once when another thread's request holds this client."""
         frame = writer.frame()
-        with self._lock:
+        if not self._lock.acquire(blocking=not if_idle):
+            return None
+        try:
             if self._closed:
                 raise InvalidUsage(f"the rendezvous store client for {self.endpoint} is closed")
             if self._sock is None:
@@ -282,6 +285,8 @@ class TCPStore:
                                        f"request was in flight") from None
                 raise RemoteError(f"lost the connection to the rendezvous store at {self.endpoint} "
                                   f"(did rank 0, which serves it, exit?): {e}", ranks=(0,)) from None
+        finally:
+            self._lock.release()
         r = _Reader(payload)
         try:
             status = r.u8()
@@ -328,6 +333,15 @@ class TCPStore:
             raise InvalidArgument(f"value must be bytes (use set_json for other objects), got "
                                   f"{type(value).__name__}")
         self._request(_Writer().u8(_OP_SET).str(self._key(key)).blob(bytes(value)), self.timeout)
+
+    def try_set(self, key: str, value: bytes) -> bool:
+        """set(), unless another thread's request holds this client (a get or barrier that may wait for up to its
+        timeout): then False at once, and nothing was sent. For a value that the next one replaces (the NCCL
+        watchdog's progress count), whose writer must not stall behind a wait."""
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"value must be bytes, got {type(value).__name__}")
+        return self._request(_Writer().u8(_OP_SET).str(self._key(key)).blob(bytes(value)), self.timeout,
+                             if_idle=True) is not None
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting until some rank sets it; CollectiveTimeout after ``timeout`` seconds."""

@@ -211,6 +211,27 @@ def test_add_is_atomic_across_clients(server):
         c.close()
 
 
+def test_try_set_does_not_wait_behind_another_threads_wait(server, later):
+    """The NCCL watchdog publishes its progress with try_set on the client the rank's main thread may be waiting
+    on (a barrier can take the whole timeout): it must come back at once instead of stalling the watchdog."""
+    c = client(server)
+    waiter = later(0.0, lambda: c.get("released", timeout=5))
+    deadline = time.monotonic() + 2
+    while not c._lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    assert c.try_set("progress", b"7") is False
+    assert time.monotonic() - t0 < 0.5
+    assert not server.check(["progress"])  # nothing was sent
+    server.set("released", b"1")
+    waiter.join(5)
+    assert c.try_set("progress", b"8") is True
+    assert server.get("progress") == b"8"
+    with pytest.raises(InvalidArgument, match="bytes"):
+        c.try_set("progress", "8")
+    c.close()
+
+
 def test_one_client_shared_by_threads(server):
     c = client(server)
 
