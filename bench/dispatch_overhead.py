@@ -3,6 +3,7 @@
     python bench/dispatch_overhead.py                         # 2 ranks, 8 B float32 all_reduce, 5 rounds
     python bench/dispatch_overhead.py --rounds 9 --calls 20000 --json out.json
     python bench/dispatch_overhead.py --contend 2              # with 2 busy processes beside the ranks
+    python bench/dispatch_overhead.py --torch                  # also dist.all_reduce through the torch backend
 
 Host backend, P ranks (gpucoll.spawn), in place, sum. In each round every rank times, one after the other in the
 same processes, `calls` calls of
@@ -11,6 +12,9 @@ same processes, `calls` calls of
   backend, algorithm by name) that the host backend's one-call path (HostComm.all_reduce_array) skips;
 - native: the call the general one ends in (`impl.run(name, ...)` with the same arguments, the algorithm chosen
   once before the loop), which is what the Python layers cost on top of;
+with --torch also
+- torch: `dist.all_reduce(t)` on a CPU tensor through gpucoll's torch backend (its own process group over the same
+  ranks), the call a PyTorch job makes;
 then MPICH through mpi4py (`comm.Allreduce(IN_PLACE, x)`, launched with the mpich wheel's mpiexec) runs the same
 rounds in its own ranks, between gpucoll's rounds. Reported per variant: the best and the median round (the
 slowest rank's time per call), and the ratios public/native and public/MPICH of the medians. On a shared 2-core
@@ -34,6 +38,8 @@ import time
 
 import numpy as np
 
+from gpucoll._spawn import free_port
+
 
 def _time(fn, calls: int) -> float:
     t0 = time.perf_counter()
@@ -42,7 +48,25 @@ def _time(fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def _gpucoll_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
+def _torch_all_reduce(comm, port: int, nbytes: int):
+    """`dist.all_reduce(t)` through gpucoll's torch backend (a process group of its own over the same ranks)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import gpucoll.torch  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gpucoll", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                            world_size=comm.world_size, timeout=datetime.timedelta(seconds=120))
+    t = torch.full((max(1, nbytes // 4),), float(comm.rank + 1))
+    dist.all_reduce(t)
+    ok = bool((t == comm.world_size * (comm.world_size + 1) / 2).all())
+    return (lambda: dist.all_reduce(t)), ok
+
+
+def _gpucoll_rank(comm, rounds: int, calls: int, nbytes: int, torch_port: int = 0) -> dict:
     from gpucoll import _buffers
     from gpucoll._native import _C
 
@@ -63,9 +87,15 @@ def _gpucoll_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
     def general():
         comm.all_reduce(x, x)  # in place through out=: the general Python path the one-call path skips
 
-    out = {"public": [], "general": [], "native": [], "ok": ok}
+    variants = [("public", public), ("general", general), ("native", native)]
+    if torch_port:
+        torch_call, torch_ok = _torch_all_reduce(comm, torch_port, nbytes)
+        variants.append(("torch", torch_call))
+        ok = ok and torch_ok
+    out = {key: [] for key, _ in variants}
+    out["ok"] = ok
     for _ in range(rounds):
-        for key, fn in (("public", public), ("general", general), ("native", native)):
+        for key, fn in variants:
             for _ in range(max(10, calls // 20)):
                 fn()
             comm.barrier()
@@ -127,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--contend", type=int, default=0, help="busy processes beside the ranks")
+    ap.add_argument("--torch", action="store_true",
+                    help="also time dist.all_reduce(t) on a CPU tensor through gpucoll's torch backend")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     import gpucoll
@@ -136,14 +168,16 @@ def main(argv=None) -> int:
     for p in spinners:
         p.start()
     try:
-        per_rank = gpucoll.spawn(_gpucoll_rank, a.nranks, args=(a.rounds, a.calls, a.bytes), backend="host",
-                                 timeout=600.0)
+        torch_port = free_port() if a.torch else 0
+        per_rank = gpucoll.spawn(_gpucoll_rank, a.nranks, args=(a.rounds, a.calls, a.bytes, torch_port),
+                                 backend="host", timeout=600.0)
         mpich = run_mpich(a.nranks, a.rounds, a.calls, a.bytes)
     finally:
         stop.set()
         for p in spinners:
             p.join(5)
-    rows = {k: [max(r[k][i] for r in per_rank) for i in range(a.rounds)] for k in ("public", "general", "native")}
+    keys = ("public", "general", "native") + (("torch",) if a.torch else ())
+    rows = {k: [max(r[k][i] for r in per_rank) for i in range(a.rounds)] for k in keys}
     if "mpich" in mpich:
         rows["mpich"] = mpich["mpich"]
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -152,12 +186,15 @@ def main(argv=None) -> int:
               "us_per_call": rows, "median_us": med, "best_us": {k: min(v) for k, v in rows.items()},
               "public_over_native": med["public"] / med["native"], "general_over_native": med["general"] / med["native"],
               "public_over_mpich": med["public"] / med["mpich"] if "mpich" in med else None,
+              "torch_over_mpich": med["torch"] / med["mpich"] if "torch" in med and "mpich" in med else None,
               "mpich": mpich.get("skipped", "measured")}
     for k, v in rows.items():
         print(f"{k:7s} median {med[k]:7.2f} us   best {min(v):7.2f} us per call")
     print(f"public / native {report['public_over_native']:.2f}"
           + (f"   public / MPICH {report['public_over_mpich']:.2f}" if report["public_over_mpich"] else
-             f"   MPICH: {report['mpich']}") + f"   (ok: {report['ok']}, load {os.getloadavg()[0]:.2f})")
+             f"   MPICH: {report['mpich']}")
+          + (f"   torch / MPICH {report['torch_over_mpich']:.2f}" if report["torch_over_mpich"] else "")
+          + f"   (ok: {report['ok']}, load {os.getloadavg()[0]:.2f})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

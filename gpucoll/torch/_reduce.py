@@ -23,6 +23,13 @@ _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "PREMUL_SUM": "premul_sum"}
 _BITWISE = ("BAND", "BOR", "BXOR")
+# The one-call path of a CPU all_reduce (ReduceMixin._allreduce_now): the ops that mean the same on every dtype it
+# takes, and the dtypes that have a NumPy twin (the host backend's one-call all_reduce takes NumPy arrays).
+# (ReduceOp == kind is 0.2 us; naming the op through _op_name is 5 us, as much as the whole reduction.)
+_NOW_OPS = tuple((getattr(c10d.ReduceOp.RedOpType, name), gop)
+                 for name, gop in (("SUM", "sum"), ("AVG", "avg"), ("MAX", "max"), ("MIN", "min"), ("PRODUCT", "prod")))
+_NOW_DTYPES = frozenset((torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
+                         torch.int64))
 
 
 class ReduceMixin:
@@ -76,6 +83,10 @@ class ReduceMixin:
     def allreduce(self, tensors, opts=None):
         if opts is None:
             opts = c10d.AllreduceOptions()
+        if len(tensors) == 1 and not getattr(opts, "asyncOp", True):
+            done = self._allreduce_now(tensors[0], opts.reduceOp)
+            if done is not None:
+                return done
         if self._delegate("all_reduce", tensors):
             return self._cpu_backend.allreduce(tensors, opts)
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
@@ -84,6 +95,24 @@ class ReduceMixin:
             # asyncOp (torch >= 2.7) is False when the caller waits at once: then the worker thread gains nothing.
             return self._allreduce_one("all_reduce", tensors[0], opts.reduceOp, getattr(opts, "asyncOp", True))
         return self._allreduce_list(tensors, opts.reduceOp)
+
+    def _allreduce_now(self, t, op):
+        """`dist.all_reduce(t)` waited for at once (asyncOp False) on a contiguous CPU tensor whose dtype NumPy has,
+        with a plain op, once the group's CPU communicator exists and nothing is queued before it: one call of the
+        host backend's all_reduce on a NumPy view of `t` (its one-call path), a completed Work. None where anything
+        else applies (the general path below then runs it, with the same result)."""
+        comm = self._comms.get("cpu")
+        if (comm is None or not self._cpu_routed or self._cpu_backend is not None or self._p2p or not self._worker.idle
+                or not t.is_cpu or t.dtype not in _NOW_DTYPES or t.layout != torch.strided or not t.is_contiguous()
+                or t.is_neg()):
+            return None
+        for kind, gop in _NOW_OPS:
+            if op == kind:
+                break
+        else:
+            return None
+        comm.all_reduce((t.detach() if t.requires_grad else t).numpy(), op=gop)
+        return Work([t])
 
     def _allreduce_one(self, what, tensor, op, background=False) -> Work:
         if (background and self._background and tensor.device.type == "cpu" and tensor.is_contiguous()

@@ -49,6 +49,11 @@ class Worker:
         self._jobs.put((fn, work))
         return work
 
+    @property
+    def idle(self) -> bool:
+        """Nothing submitted since the last drain(): an operation may run on the caller's thread now."""
+        return self._last is None
+
     def drain(self) -> None:
         """Returns once every submitted job ran (their errors are raised by their own Works)."""
         last = self._last
