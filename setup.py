@@ -67,6 +67,9 @@ def _kept_pybind11(build_temp: Path, pybind11) -> str:
     isolation installs pybind11 in a fresh temporary environment for every pip run: with the headers at a new path
     each time, every binding would compile again on each install."""
     src = Path(pybind11.__file__).resolve().parent
+    cmake_dir = Path(pybind11.get_cmake_dir()).resolve()
+    if src not in cmake_dir.parents or not (src / "include").is_dir():
+        return str(cmake_dir)  # a system pybind11 (headers and CMake files elsewhere, at a path that stays put)
     kept = build_temp / f"pybind11-{pybind11.__version__}"
     if not (kept / "share").is_dir():
         part = kept.with_name(kept.name + ".part")
@@ -74,7 +77,7 @@ def _kept_pybind11(build_temp: Path, pybind11) -> str:
         for sub in ("include", "share"):
             shutil.copytree(src / sub, part / sub)
         part.rename(kept)
-    return str(kept / Path(pybind11.get_cmake_dir()).resolve().relative_to(src))
+    return str(kept / cmake_dir.relative_to(src))
 
 
 class CMakeExtension(Extension):
