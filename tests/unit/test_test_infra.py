@@ -131,5 +131,7 @@ def test_ci_runs_the_readme_test_command_with_require_deps():
     gpu_check = next(line for line in lines if line.startswith("bash .ci/gpu "))
     assert "--emulated" in gpu_check and lines.index(gpu_check) > lines.index(emulated), \
         "then .ci/gpu on the emulated device, so that the GPU runner's check cannot rot"
-    assert 'export PYTEST_ADDOPTS="--require-deps"' in ci
+    addopts = [line for line in lines if line.startswith("export PYTEST_ADDOPTS=")]
+    assert len(addopts) == 1 and "--require-deps" in addopts[0].split("=", 1)[1].strip('"').split(), addopts
+    assert lines.index(addopts[0]) < lines.index(command)
     assert ci.index('pip install -q "torch==2.13.0"') < ci.index(command) < ci.index(emulated)
