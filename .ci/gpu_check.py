@@ -43,9 +43,9 @@ OVER_BUDGET = "not started: past the time budget of this run"  # tests/conftest.
 # aborts, groups and elasticity are their own (last) step wherever their tests live; CuPy is its own step too.
 _LATE = "graph or watchdog or abort or missing or times_out or split or shrink or subgroup or elastic"
 _STEP_FILES = {
-    "custom": ["tests/gpu/test_custom_gpu.py", "tests/gpu/test_custom_call_check.py"],
-    "nccl": ["tests/gpu/test_nccl_gpu.py", "tests/gpu/test_nccl_call_check.py", "tests/gpu/test_nccl_emulated.py"],
-    "torch": ["tests/gpu/test_torch_backend_gpu.py", "tests/gpu/test_torch_modern_gpu.py"],
+    "custom": ["tests/custom/test_custom_gpu.py", "tests/custom/test_custom_call_check.py"],
+    "nccl": ["tests/nccl/test_nccl_gpu.py", "tests/nccl/test_nccl_call_check.py", "tests/nccl/test_nccl_emulated.py"],
+    "torch": ["tests/torch_backend/test_torch_backend_gpu.py", "tests/torch_backend/test_torch_modern_gpu.py"],
 }
 _OWNED = [f for files in _STEP_FILES.values() for f in files]
 # The emulated device is two CPU cores running every rank's every block: there each step takes a slice that shows
@@ -369,7 +369,7 @@ class Check:
             ph.update(status="trimmed", reason=f"{share:.0f} s of the budget left for it (needs 40 s)")
             self.summary["trimmed"].append(f"sanitize: {ph['reason']}")
             return
-        rc, secs, out = run([sys.executable, "tests/gpu/sanitize_custom.py", "--timeout", f"{share / 2 - 5:.0f}"],
+        rc, secs, out = run([sys.executable, "tests/custom/sanitize_custom.py", "--timeout", f"{share / 2 - 5:.0f}"],
                             self.out / "sanitize.log",
                             timeout=share, env=self.env(), title="compute-sanitizer memcheck and racecheck")
         tools = [{"tool": m.group(1), "status": "passed" if m.group(2) == "clean" else "failed",

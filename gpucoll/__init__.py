@@ -45,7 +45,7 @@ __all__ = [
 def __getattr__(name):
     # Lazy so that `import gpucoll` stays cheap, never drags in torch/CuPy, and does not load the native core: a
     # build that cannot load (e.g. a bad GPUCOLL_EMU_* setting) then fails at `import gpucoll._C` with its own
-    # message. These are the package's only function-level imports of its own modules (tests/import_graph.py).
+    # message. These are the package's only function-level imports of its own modules (tests/project/import_graph.py).
     if name == "Group":
         from gpucoll.group import Group
 

@@ -4,7 +4,7 @@ Each system of the dataset names its wiring (a topology fixture plus what the so
 vendor, NIC rate, the GPUs used), its layout and what NCCL was asked for (``request``: ``nccl`` for NCCL's own
 choice, ``nccl:nvls`` for NCCL_ALGO=NVLS, ...). :func:`evaluate` predicts every point with the topology cost
 model and :func:`summary` gives the median and worst relative busbw error per class and role, which
-tests/unit/test_published_nccl.py asserts and ``python bench/published/accuracy.py`` prints.
+tests/topo/test_published_nccl.py asserts and ``python bench/published/accuracy.py`` prints.
 
 Only the public model API is used (topology value, candidates), so the same code measures an older build.
 """

@@ -29,7 +29,7 @@ def register() -> None:
 
 
 def _create(store, rank: int, size: int, timeout=None):
-    # Deferred on purpose, the one function-level import of a gpucoll module (tests/import_graph.py lists it apart):
+    # Deferred on purpose, the one function-level import of a gpucoll module (tests/project/import_graph.py lists it apart):
     # at `import torch`, gpucoll.torch would load the native core into every torch program.
     from gpucoll.torch import process_group
 

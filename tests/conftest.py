@@ -1,8 +1,12 @@
 """Test-session set-up shared by every test directory.
 
-* tests/ goes on sys.path, so test modules can `import helpers`. gpucoll.spawn starts workers with
-  multiprocessing's "spawn" method, which ships the parent's sys.path to the children: functions defined at
-  module level in a test file (and helpers) are importable there too.
+* Tests sit in one folder per feature (tests/host, tests/nccl, tests/torch_backend, ...); how a test runs is a
+  marker: `gpu`, `spawns` (it starts processes: ranks, CLIs), `slow` (tens of seconds). What several features'
+  tests share is in tests/support/, which goes on sys.path, so test modules can `import helpers`. gpucoll.spawn
+  starts workers with multiprocessing's "spawn" method, which ships the parent's sys.path to the children:
+  functions defined at module level in a test file (and helpers) are importable there too.
+* A test that starts a process without the `spawns` marker fails (the marker cannot drift from what the test
+  does): subprocess, multiprocessing and os.fork are counted in this process while each test runs.
 * `@pytest.mark.gpu` tests (the marker is registered in pyproject.toml) are skipped with the reason when no CUDA
   GPU is usable. The decision uses gpucoll._C.cuda_probe() and never imports torch or CuPy, which would be slow
   and could initialise CUDA in the pytest process before workers fork or spawn.
@@ -19,6 +23,10 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing.process
+import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -26,11 +34,38 @@ from pathlib import Path
 
 import pytest
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+_SUPPORT_DIR = str(Path(__file__).resolve().parent / "support")
+if _SUPPORT_DIR not in sys.path:
+    sys.path.insert(0, _SUPPORT_DIR)
 
-from helpers import MISSING, missing_reason  # tests/ had to be put on sys.path first
+from helpers import MISSING, missing_reason  # tests/support had to be put on sys.path first
+
+# -- the spawns marker, enforced ----------------------------------------------------------------------------------
+# Processes this pytest process has started: Python interpreters, launchers and shells through subprocess (gpucoll's
+# CLIs, torchrun, mpiexec, scripts), multiprocessing workers (gpucoll.spawn) and bare forks. Tool probes (a
+# compiler, fc-list under matplotlib) are not what the marker is about and are not counted.
+_STARTED = [0]
+_LAUNCHERS = ("python", "torchrun", "mpiexec", "mpirun", "bash", "sh", "gpucoll-")
+
+
+def _starts_a_job(args) -> bool:
+    argv0 = args if isinstance(args, (str, bytes, os.PathLike)) else (args[0] if args else "")
+    name = os.path.basename(os.fsdecode(argv0).split()[0]) if argv0 else ""
+    return name.startswith(_LAUNCHERS) or os.fsdecode(argv0) == sys.executable
+
+
+def _counting(fn, when=None):
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        if when is None or when(*args, **kwargs):
+            _STARTED[0] += 1
+        return fn(*args, **kwargs)
+    return counted
+
+
+subprocess.Popen.__init__ = _counting(subprocess.Popen.__init__, lambda self, args, *a, **k: _starts_a_job(args))
+multiprocessing.process.BaseProcess.start = _counting(multiprocessing.process.BaseProcess.start)
+os.fork = _counting(os.fork)
 
 _IMPORTORSKIP = "could not import "  # the reason pytest.importorskip gives
 _OVER_BUDGET = "not started: past the time budget of this run"  # .ci/gpu counts these as trimmed
@@ -69,10 +104,41 @@ def _missing_under_require_deps(report, config, gpu: bool) -> str | None:
     return reason if _missing_package(reason) else None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist, `-n N` alone hands whole modules to workers (as --dist loadfile does): a module's ranks,
+    started once by its module-scoped fixtures, then serve all its tests, where spreading its tests over workers
+    would start them once per worker. An explicit --dist is obeyed."""
+    if config.getoption("dist") == "load" and "--dist" not in " ".join(config.invocation_params.args):
+        from xdist.scheduler import LoadFileScheduling
+
+        return LoadFileScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item._gpucoll_started = _STARTED[0]
+    yield
+
+
+def _unmarked_start(item, report) -> bool:
+    """Whether this setup or call started a process although the test lacks the spawns marker (reported once)."""
+    if report.when == "teardown" or report.failed or _STARTED[0] == getattr(item, "_gpucoll_started", _STARTED[0]):
+        return False
+    item._gpucoll_started = _STARTED[0]
+    return item.get_closest_marker("spawns") is None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if _unmarked_start(item, report):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} started a process in its {report.when} without @pytest.mark.spawns "
+                           "(tests/conftest.py): mark the test or its module (pytestmark)")
+        return
     reason = _missing_under_require_deps(report, item.config, item.get_closest_marker("gpu") is not None)
     if reason is not None:
         report.outcome = "failed"
@@ -161,3 +227,23 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason=reason)
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# -- fixtures shared by several features' tests ------------------------------------------------------------------
+@pytest.fixture
+def store(monkeypatch):
+    """A TCPStore server on a free loopback port (the rendezvous store the backends bootstrap through); the test's
+    environment holds its job secret, for the clients the test makes."""
+    from gpucoll.bootstrap.store import TCPStore, new_secret
+
+    monkeypatch.setenv("GPUCOLL_STORE_SECRET", new_secret())
+    s = TCPStore("127.0.0.1", 0, is_server=True, timeout=10.0)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def no_selection_env(monkeypatch):
+    """No GPUCOLL_* variable that steers the choice of algorithm or topology leaks in from the caller's shell."""
+    for name in ("GPUCOLL_ALGO", "GPUCOLL_TUNING_FILE", "GPUCOLL_TOPO_FILE", "GPUCOLL_TOPO_DUMP_FILE"):
+        monkeypatch.delenv(name, raising=False)

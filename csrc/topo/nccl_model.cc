@@ -423,7 +423,7 @@ std::string nccl_confidence(const Topology& t, const Layout& lay) {
   else if (g.nvlink) cls = "NVLink without NVSwitch";
   else cls = g.shm ? "PCIe without P2P (host-staged)" : "PCIe P2P";
   // Which system classes the published data covers (tests/fixtures/published/nccl_allreduce.json) and how
-  // the model did on the points it was not fitted to (tests/unit/test_published_nccl.py prints the table).
+  // the model did on the points it was not fitted to (tests/topo/test_published_nccl.py prints the table).
   const char* arch = g.cc >= 100 ? "sm_100" : g.cc >= 90 ? "sm_90" : g.cc >= 80 ? "sm_80" : "sm_70";
   std::string status = "extrapolated", why;
   if (g.N > 1) {

@@ -136,7 +136,7 @@ class Host(Backend):
 
 
 # Tests only: called with the name of each step of the host backend's set-up (the kill sweep of
-# tests/reliability/ stops ranks at each). None in normal use.
+# tests/failures/test_init_failures.py stops ranks at each). None in normal use.
 _STAGE_HOOK = None
 
 

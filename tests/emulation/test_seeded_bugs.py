@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from seeded_bugs import BY_NAME, caught
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
 
 def test_a_slice_one_element_short_is_caught(plain_tree):

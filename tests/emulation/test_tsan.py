@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from native_build import TSAN_DEVICE, TSAN_ENV, tsan_reports
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
 
 def test_real_protocol_has_no_data_race(tsan_tree):

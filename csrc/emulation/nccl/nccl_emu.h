@@ -40,7 +40,7 @@
 #define NCCLEMU_API extern "C" __attribute__((visibility("default")))
 
 // Every entry point of gpucoll's function table, declared with the table's own types (nccl_api.h, which
-// tests/unit/test_nccl_abi.py checks against the real nccl.h): a definition here whose signature drifts is a
+// tests/nccl/test_nccl_abi.py checks against the real nccl.h): a definition here whose signature drifts is a
 // conflicting declaration of a C function, a compile error.
 #define NCCLEMU_DECLARE(name, required) NCCLEMU_API std::remove_pointer_t<gpucoll::PFN_##name> name;
 GPUCOLL_NCCL_FUNCTIONS(NCCLEMU_DECLARE)
