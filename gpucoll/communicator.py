@@ -25,6 +25,7 @@ from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo, detect_launch, external
 from gpucoll.bootstrap.store import TCPStore
 from gpucoll.errors import CollectiveTimeout, InternalError, InvalidArgument, InvalidUsage, RemoteError, Unsupported
+from gpucoll.stragglers import Stragglers
 
 OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -160,6 +161,12 @@ class Communicator:
         except (CollectiveTimeout, RemoteError) as e:
             self._failed.update(e.ranks or ())
             raise
+
+    def stragglers(self, reset: bool = False) -> Stragglers:
+        """Each rank's lateness at the last 1000 collectives, and how often it arrived last (gpucoll/stragglers.py):
+        who sets everyone's pace. Local and free: no communication. reset=True empties the window after reading."""
+        self._check_open("stragglers")
+        return Stragglers.from_native(self._ops.stragglers(bool(reset)))
 
     # -- new communicators from this one (gpucoll/group.py) ---------------------------------------------
     def split(self, color, key=None):

@@ -63,6 +63,7 @@ void bind_host(py::module_& m) {
              o.buffer_bytes = config_bytes("GPUCOLL_HOST_BUFFER_BYTES");
              o.segment_bytes = config_bytes("GPUCOLL_HOST_SEGMENT_BYTES");
              o.spin_us = config_int("GPUCOLL_HOST_SPIN_US");
+             o.straggler_report = config_int("GPUCOLL_STRAGGLER_REPORT");
              if (!handle) return new HostComm(o, nullptr);
              host::ShmHandle h;
              std::tie(h.pid, h.fd, h.token[0], h.token[1]) = *handle;
@@ -159,6 +160,35 @@ void bind_host(py::module_& m) {
       .def("close", &HostComm::close)
       // Benchmarks and tests only (gpucoll-bench --compare unchecked): every rank between the same two calls.
       .def("_set_call_check", &HostComm::set_call_check, py::arg("on"))
+      .def(
+          "stragglers",
+          [](HostComm& c, bool reset) {
+            const StragglerWindow& w = c.stragglers();
+            py::list ranks;
+            int r = 0;
+            for (const RankLateness& s : w.stats()) {
+              py::dict row;
+              row["rank"] = r++;
+              row["median_s"] = s.median_s;
+              row["p90_s"] = s.p90_s;
+              row["max_s"] = s.max_s;
+              row["last"] = s.last;
+              row["last_share"] = w.samples() > 0 ? static_cast<double>(s.last) / static_cast<double>(w.samples())
+                                                  : 0.0;
+              ranks.append(row);
+            }
+            py::dict out;
+            out["samples"] = w.samples();
+            out["window"] = w.capacity();
+            out["total"] = w.total();
+            out["ranks"] = ranks;
+            out["summary"] = w.summary();
+            if (reset) c.clear_stragglers();
+            return out;
+          },
+          py::arg("reset") = false,
+          "Each rank's lateness (against the first to arrive) at the last `window` collectives, and how often it "
+          "arrived last; reset=True empties the window after reading it.")
       .def_property_readonly("call_check", &HostComm::call_check)
       .def_property_readonly("rank", &HostComm::rank)
       .def_property_readonly("nranks", &HostComm::nranks)

@@ -106,6 +106,11 @@ class Backend(abc.ABC):
         selector) of this rank's communicator among them, renumbered in rank order, over `store`."""
         raise Unsupported(f"shrink is not implemented by the {self.name} backend")
 
+    def stragglers(self, reset: bool) -> dict:
+        """Per-rank lateness at recent collectives (csrc/core/stragglers.h), as the native window reports it."""
+        raise Unsupported(f"stragglers() is measured on the host backend only so far; the {self.name} backend does "
+                          f"not compare arrival times yet")
+
     # -- teardown -------------------------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:
         """Stop at once without waiting for issued operations, where the implementation can; close() follows."""

@@ -121,6 +121,9 @@ class Host(Backend):
     def barrier(self) -> None:
         self.impl.barrier()
 
+    def stragglers(self, reset: bool) -> dict:
+        return self.impl.stragglers(reset)
+
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return self._select(coll, algo, nbytes)
 

@@ -105,6 +105,9 @@ class WithHost(Backend):
     def barrier(self) -> None:
         self.gpu.barrier()
 
+    def stragglers(self, reset: bool) -> dict:
+        return self.gpu.stragglers(reset)  # the GPU communicator's: the one training steps synchronise on
+
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return self.gpu.algorithm_for(coll, nbytes, dtype, algo)
 

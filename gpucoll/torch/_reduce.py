@@ -26,10 +26,8 @@ _BITWISE = ("BAND", "BOR", "BXOR")
 # The one-call path of a CPU all_reduce (ReduceMixin._allreduce_now): the ops that mean the same on every dtype it
 # takes, and the dtypes that have a NumPy twin (the host backend's one-call all_reduce takes NumPy arrays).
 # (ReduceOp == kind is 0.2 us; naming the op through _op_name is 5 us, as much as the whole reduction.)
-_NOW_OPS = tuple((getattr(c10d.ReduceOp.RedOpType, name), gop)
-                 for name, gop in (("SUM", "sum"), ("AVG", "avg"), ("MAX", "max"), ("MIN", "min"), ("PRODUCT", "prod")))
-_NOW_DTYPES = frozenset((torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
-                         torch.int64))
+_NOW_OPS = tuple((getattr(c10d.ReduceOp.RedOpType, name), gop) for name, gop in _OPS.items() if name != "PREMUL_SUM")
+_NOW_DTYPES = frozenset(_REDUCIBLE) - {torch.bfloat16}  # NumPy has no bfloat16
 
 
 class ReduceMixin:

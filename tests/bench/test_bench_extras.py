@@ -340,6 +340,7 @@ def test_progress_bar_starts_only_after_a_few_seconds(monkeypatch, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.spawns
 def test_check_without_a_gpu_says_what_it_checked(capsys):
     from gpucoll import _C
 

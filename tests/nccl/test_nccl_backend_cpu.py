@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import helpers
@@ -28,6 +29,7 @@ import gpucoll
 from gpucoll import _C, _buffers, _cuda_buffers
 from gpucoll._spawn import free_port
 from gpucoll.backends import nccl as _nccl_backend
+from gpucoll.bootstrap.store import TCPStore
 from gpucoll.errors import CollectiveTimeout, CudaError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
 HAVE_GPU = int(_C.cuda_probe()["device_count"]) > 0
@@ -63,6 +65,7 @@ def host_comm(**kwargs):
 
 # -- why backend='nccl' cannot run ---------------------------------------------------------------------------------
 
+@pytest.mark.spawns
 @no_gpu_only
 def test_init_nccl_without_gpu_says_so():
     out = run_py(INIT_NCCL)
@@ -505,6 +508,31 @@ def test_watchdog_timeout_names_operation_seq_and_missing_ranks(store, fast_watc
     finally:
         backend.close()
     assert comm.closed
+
+
+def test_watchdog_publishes_progress_without_waiting_behind_the_ranks_own_store_wait(store):
+    """The watchdog shares the rank's store client with the main thread, which may wait in a barrier for the whole
+    timeout. Publishing progress must not queue behind that wait (the watchdog would then name no timed-out
+    operation until it ended): it is skipped while the client is busy, and done at a later poll."""
+    client = TCPStore("127.0.0.1", store.port, is_server=False, timeout=10.0)
+    comm = FakeComm()
+    backend = make_backend(client, comm)
+    try:
+        waiter = threading.Thread(target=lambda: client.get("released", timeout=5.0))
+        waiter.start()
+        deadline = time.monotonic() + 2
+        while not client._lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        backend._publish(3)
+        assert time.monotonic() - t0 < 0.5 and backend._published != 3 and not store.check("t/seq/0")
+        store.set("released", b"1")
+        waiter.join(5)
+        backend._publish(3)
+        assert backend._published == 3 and store.get("t/seq/0") == b"3"
+    finally:
+        backend.close()
+        client.close()
 
 
 def test_watchdog_timeout_when_every_rank_issued_it(store, fast_watchdog):

@@ -35,7 +35,10 @@ bool uses_local_size(const algo::Algorithm& a) {
 }
 }  // namespace
 
-HostComm::HostComm(const HostOptions& options, const ShmHandle* attach_to) : opt_(options) {
+HostComm::HostComm(const HostOptions& options, const ShmHandle* attach_to)
+    : opt_(options),
+      stragglers_(std::max(options.nranks, 1), kStragglerWindow),
+      arrivals_(static_cast<size_t>(std::max(options.nranks, 1))) {
   GPUCOLL_CHECK_ARG(opt_.nranks >= 1, "world_size must be >= 1, got ", opt_.nranks);
   GPUCOLL_CHECK_ARG(opt_.rank >= 0 && opt_.rank < opt_.nranks, "rank must be in [0, ", opt_.nranks, "), got ",
                     opt_.rank);
@@ -157,15 +160,25 @@ void HostComm::check_usable(const char* what) const {
   }
 }
 
-void HostComm::begin_op(const char* what) {
+void HostComm::begin_op(const char* what, int coll) {
   check_usable(what);
   current_ = what;
   in_p2p_ = false;
   ++op_seq_;
-  ctl(opt_.rank)->op_seq.store(op_seq_, std::memory_order_release);
   awake_ns_ = now_ns();
+  Ctl* me = ctl(opt_.rank);
+  me->arrived_ns[op_seq_ & 1].store(awake_ns_, std::memory_order_relaxed);  // published by the first step
+  me->in_coll.store(coll, std::memory_order_relaxed);
+  me->op_seq.store(op_seq_, std::memory_order_release);
   stalled_ns_ = 0;
   deadline_ns_ = awake_ns_ + static_cast<int64_t>(opt_.timeout_s * 1e9);
+}
+
+void HostComm::end_op(int coll) {
+  Ctl* me = ctl(opt_.rank);
+  me->done_ns.store(now_ns(), std::memory_order_relaxed);
+  me->done_coll.store(coll, std::memory_order_relaxed);
+  me->done_seq.store(op_seq_, std::memory_order_release);
 }
 
 void HostComm::begin_p2p(const char* what) {
@@ -212,7 +225,16 @@ void HostComm::check_arrivals(const algo::CallSig& sig) {
   const size_t slot = op_seq_ & 1;
   bool same = true;
   for (int q = 0; q < opt_.nranks && same; ++q) same = algo::call_sig_equal(ctl(q)->sig[slot], sig);
-  if (same) return;
+  if (same) {
+    for (int q = 0; q < opt_.nranks; ++q) {
+      arrivals_[static_cast<size_t>(q)] = ctl(q)->arrived_ns[slot].load(std::memory_order_relaxed);
+    }
+    stragglers_.add(arrivals_.data());
+    if (opt_.straggler_report > 0 && opt_.rank == 0 && stragglers_.total() % opt_.straggler_report == 0) {
+      log_write(LogLevel::kInfo, stragglers_.summary());  // asked for by name: whatever GPUCOLL_LOG_LEVEL says
+    }
+    return;
+  }
   std::vector<algo::CallSig> table(static_cast<size_t>(opt_.nranks));
   for (int q = 0; q < opt_.nranks; ++q) table[static_cast<size_t>(q)] = ctl(q)->sig[slot];
   // ranks(): those whose call differs from rank 0's - the same list on every rank, like the message.
@@ -274,7 +296,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   } else {
     GPUCOLL_CHECK_ARG(!a.premul, "premul_sum applies to all_reduce, reduce and reduce_scatter; got ", what);
   }
-  begin_op(what);
+  begin_op(what, static_cast<int>(a.coll));
   algo::Params p;
   p.coll = a.coll;
   p.nranks = opt_.nranks;
@@ -316,6 +338,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
     GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
                   " here: ", why);
   }
+  end_op(static_cast<int>(a.coll));
 }
 
 void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallSig& sig,
@@ -447,6 +470,7 @@ void HostComm::barrier() {
     fail("barrier", nullptr);
     throw;
   }
+  end_op(-1);
 }
 
 }  // namespace gpucoll::host

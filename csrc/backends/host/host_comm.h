@@ -34,6 +34,7 @@
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
 #include "core/error.h"
+#include "core/stragglers.h"
 #include "core/types.h"
 
 namespace gpucoll::host {
@@ -56,6 +57,7 @@ struct HostOptions {
   int64_t buffer_bytes = 16 << 20;   // work buffer per rank
   int64_t segment_bytes = 256 << 10;  // target chunk size of one schedule step
   int64_t spin_us = 50;
+  int64_t straggler_report = 0;  // GPUCOLL_STRAGGLER_REPORT: rank 0 logs a straggler summary every this many
 };
 
 // One side of a point-to-point transfer; a batch of them (a group) progresses together.
@@ -112,6 +114,11 @@ class HostComm {
   bool closed() const { return closed_; }
   bool broken() const { return broken_; }
   bool call_check() const { return call_check_; }
+  // Every rank's lateness at the last kStragglerWindow collectives, taken where the call check compares the
+  // calls (no extra synchronisation); empty with the call check off (benchmarks only).
+  const StragglerWindow& stragglers() const { return stragglers_; }
+  void clear_stragglers() { stragglers_.clear(); }
+  static constexpr int kStragglerWindow = 1000;
   ShmHandle handle() const { return shm_.handle(); }
 
  private:
@@ -133,8 +140,11 @@ class HostComm {
   char* work(int rank, int half) const;
   const Plan& plan_for(const algo::Algorithm& a, const algo::Params& p);
   void check_usable(const char* what) const;
-  // Starts a collective (barrier included): numbers it, publishes that number, sets its deadline.
-  void begin_op(const char* what);
+  // Starts a collective (barrier included; `coll` is its algo::Coll, -1 for a barrier): numbers it, publishes that
+  // number and this rank's arrival time, sets its deadline.
+  void begin_op(const char* what, int coll = -1);
+  // Ends it: publishes it as this rank's last completed collective (for the peers' timeout reports).
+  void end_op(int coll);
   // Writes this rank's signature of the current collective (before the step that publishes it).
   void post_sig(const algo::CallSig& sig);
   // After this rank's first step of a collective: waits for every rank's, then compares the signatures. Raises
@@ -148,6 +158,12 @@ class HostComm {
   void begin_p2p(const char* what);
   // "all_reduce #12", "send #3".
   std::string op_label() const;
+  // Where `peer` is, from what it published in the region: "it is inside all_reduce #12, entered 3.1 s ago", or
+  // "its last completed: all_reduce #11, 31.2 s ago".
+  std::string whereabouts(int peer) const;
+  // "; rank(s) that had not entered it: 3 (its last completed: ...)" for the current collective (empty for
+  // point-to-point calls, which are not numbered alike); adds those ranks to `ranks`.
+  std::string late_note(std::vector<int>* ranks) const;
   // Time this rank was not running inside the operation (SIGSTOP, ...) moves its deadline; returns now.
   int64_t note_awake(int64_t now);
   // Ends a step that wrote work-buffer half `half`; `readers` read this rank's buffer during it.
@@ -206,6 +222,8 @@ class HostComm {
   bool closed_ = false;
   bool broken_ = false;
   std::map<std::tuple<const algo::Algorithm*, int, int, int>, Plan> plans_;
+  StragglerWindow stragglers_;
+  std::vector<int64_t> arrivals_;  // scratch: one collective's arrival times, read from the region
 };
 
 }  // namespace gpucoll::host

@@ -66,6 +66,17 @@ struct Ctl {
   // While this rank sleeps in a wait: (peer + 1) << 32 | the step count it waits for (kP2PWait: a p2p
   // counter); 0 otherwise. Peers that time out follow these to the rank that holds everyone up.
   std::atomic<uint64_t> waiting;
+  // When this rank entered collective k (CLOCK_MONOTONIC, one clock for every process of the machine), in slot
+  // k & 1 like the signatures and under the same rule: written before the step that publishes k, read by the
+  // peers after they have seen that step, and overwritten by k + 2 only once every rank has read it. The
+  // straggler window (core/stragglers.h) is built from them at no extra synchronisation.
+  alignas(64) std::atomic<int64_t> arrived_ns[2];
+  // The last collective this rank completed (its number, kind, and when), and the kind of the one it is in (-1: a
+  // barrier or none): what a timeout report says of a rank that did not arrive.
+  std::atomic<uint64_t> done_seq;
+  std::atomic<int64_t> done_ns;
+  std::atomic<int32_t> done_coll;
+  std::atomic<int32_t> in_coll;
 };
 constexpr uint32_t kP2PWait = 0xFFFFFFFFu;
 static_assert(offsetof(Ctl, sig) + sizeof(Ctl::sig) <= 64, "done and the signatures must share a cache line");

@@ -34,7 +34,37 @@ std::string secs(double s) {
   std::snprintf(buf, sizeof(buf), "%.3g s", s);
   return buf;
 }
+
+const char* coll_label(int32_t coll) {
+  return coll < 0 ? "barrier" : algo::coll_name(static_cast<algo::Coll>(coll));
+}
 }  // namespace
+
+std::string HostComm::whereabouts(int peer) const {
+  const Ctl* c = ctl(peer);
+  const uint64_t entered = c->op_seq.load(std::memory_order_acquire);
+  const uint64_t done = c->done_seq.load(std::memory_order_acquire);
+  const int64_t now = now_ns();
+  if (entered > done) {
+    return std::string("it is inside ") + coll_label(c->in_coll.load(std::memory_order_relaxed)) + " #" +
+           std::to_string(entered) + ", entered " +
+           secs((now - c->arrived_ns[entered & 1].load(std::memory_order_relaxed)) * 1e-9) + " ago";
+  }
+  if (done == 0) return "it had completed no collective";
+  return std::string("its last completed: ") + coll_label(c->done_coll.load(std::memory_order_relaxed)) + " #" +
+         std::to_string(done) + ", " + secs((now - c->done_ns.load(std::memory_order_relaxed)) * 1e-9) + " ago";
+}
+
+std::string HostComm::late_note(std::vector<int>* ranks) const {
+  if (in_p2p_) return "";
+  std::string late;
+  for (int r = 0; r < opt_.nranks; ++r) {
+    if (r == opt_.rank || ctl(r)->op_seq.load(std::memory_order_acquire) >= op_seq_) continue;
+    late += (late.empty() ? "" : ", ") + std::to_string(r) + " (" + whereabouts(r) + ")";
+    if (std::find(ranks->begin(), ranks->end(), r) == ranks->end()) ranks->push_back(r);
+  }
+  return late.empty() ? "" : "; rank(s) that had not entered it: " + late;
+}
 
 bool HostComm::peer_dead(int peer) const {
   const int pid = ctl(peer)->pid.load(std::memory_order_relaxed);
@@ -80,14 +110,6 @@ void HostComm::raise_timeout(int peer) {
   int32_t how = 0;
   const int blamed = culprit(peer, &how);
   std::vector<int> ranks{blamed};
-  std::string late;
-  if (!in_p2p_) {
-    for (int r = 0; r < opt_.nranks; ++r) {
-      if (r == opt_.rank || ctl(r)->op_seq.load(std::memory_order_acquire) >= op_seq_) continue;
-      late += (late.empty() ? "" : ", ") + std::to_string(r);
-      if (r != blamed) ranks.push_back(r);
-    }
-  }
   std::string msg = op_label() + " on rank " + std::to_string(opt_.rank);
   const std::string b = std::to_string(blamed);
   switch (static_cast<Blame>(how)) {
@@ -103,7 +125,7 @@ void HostComm::raise_timeout(int peer) {
       if (blamed != peer) msg += ", which waits (through others) for rank " + b + ", which waits for no rank";
       break;
   }
-  if (!late.empty()) msg += "; rank(s) that had not entered it: " + late;
+  msg += late_note(&ranks);
   last_blame_ = {blamed, how};
   throw Error(ErrorCode::kTimeout, msg, current_, __FILE__, __LINE__, ranks);
 }
@@ -133,8 +155,11 @@ void HostComm::raise_peer_failed(int peer) {
                       : how == Blame::kClosed ? " closed the communicator while ranks still waited for it"
                       : how == Blame::kStalled ? " is not running (stopped or starved of CPU?)"
                                               : " did not complete it";
-    throw Error(code, head + "rank " + b + why + " (reported by rank " + p + "); the communicator is unusable",
-                current_, __FILE__, __LINE__, {blamed});
+    std::vector<int> ranks{blamed};
+    const std::string late = late_note(&ranks);
+    throw Error(code, head + "rank " + b + why + " (reported by rank " + p + ")" + late +
+                    "; the communicator is unusable",
+                current_, __FILE__, __LINE__, ranks);
   }
   last_blame_ = {peer, static_cast<int32_t>(Blame::kNone)};
   throw Error(ErrorCode::kRemote,
