@@ -164,25 +164,26 @@ void bind_host(py::module_& m) {
           "stragglers",
           [](HostComm& c, bool reset) {
             const StragglerWindow& w = c.stragglers();
+            const StragglerWindow::Snapshot snap = w.stats();
             py::list ranks;
             int r = 0;
-            for (const RankLateness& s : w.stats()) {
+            for (const RankLateness& s : snap.ranks) {
               py::dict row;
               row["rank"] = r++;
               row["median_s"] = s.median_s;
               row["p90_s"] = s.p90_s;
               row["max_s"] = s.max_s;
               row["last"] = s.last;
-              row["last_share"] = w.samples() > 0 ? static_cast<double>(s.last) / static_cast<double>(w.samples())
-                                                  : 0.0;
+              row["last_share"] = snap.samples > 0 ? static_cast<double>(s.last) / static_cast<double>(snap.samples)
+                                                   : 0.0;
               ranks.append(row);
             }
             py::dict out;
-            out["samples"] = w.samples();
+            out["samples"] = snap.samples;
             out["window"] = w.capacity();
-            out["total"] = w.total();
+            out["total"] = snap.total;
             out["ranks"] = ranks;
-            out["summary"] = w.summary();
+            out["summary"] = StragglerWindow::summary(snap);
             if (reset) c.clear_stragglers();
             return out;
           },

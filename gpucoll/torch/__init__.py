@@ -44,12 +44,23 @@ import torch.distributed as dist
 if not dist.is_available():
     raise ImportError(f"gpucoll.torch needs torch.distributed, which this torch build ({torch.__version__}) lacks")
 
+from gpucoll.errors import InvalidArgument
 from gpucoll.torch.hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from gpucoll.torch.process_group import BACKEND_NAME, ProcessGroupGpucoll, create
 from gpucoll.torch.work import Work
 
 __all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "Work", "allreduce_hook", "bf16_compress_hook", "create",
-           "fp16_compress_hook", "register"]
+           "fp16_compress_hook", "register", "stragglers"]
+
+
+def stragglers(group=None, device="cpu", reset: bool = False):
+    """Who arrives late at this group's collectives on `device`'s tensors (gpucoll.Communicator.stragglers(): each
+    rank's lateness at the last 1000 collectives, and how often it arrived last). `group`: a process group whose
+    backend for `device` is gpucoll (default: the default group). Local: no communication."""
+    pg = (group if group is not None else dist.group.WORLD)._get_backend(torch.device(device))
+    if not isinstance(pg, ProcessGroupGpucoll):
+        raise InvalidArgument(f"this group runs {device} tensors on {type(pg).__name__}, not on gpucoll")
+    return pg.stragglers(device, reset)
 
 
 def register() -> None:

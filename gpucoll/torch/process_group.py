@@ -187,6 +187,16 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
         return comm
 
+    def stragglers(self, device="cpu", reset: bool = False):
+        """Communicator.stragglers() of the communicator this group runs `device`'s tensors on. Local (not
+        collective): the communicator must exist already, i.e. the group ran a collective on such tensors."""
+        device = torch.device(device)
+        key = "cpu" if device.type == "cpu" else f"cuda:{device.index if device.index is not None else 0}"
+        comm = self._comms.get(key)
+        if comm is None:
+            raise InvalidUsage(f"no collective has run on {key} tensors in this group yet: nothing was measured")
+        return comm.stragglers(reset)
+
     @contextlib.contextmanager
     def _first_operation(self, store, key: str, what: str | None):
         """Around the set-up that this group's first operation on `key` ("cpu", "cuda:0") does, which every rank

@@ -293,6 +293,7 @@ def test_check_backend_gpu_without_gpu_is_usage_error(capsys):
 
 # -- under launchers: one process per rank, rank 0 prints ------------------------------------------------------------
 @pytest.mark.spawns
+@pytest.mark.slow
 def test_torchrun_sweep_rank0_prints(tmp_path):
     """torchrun's agent serves the store on MASTER_PORT: the bench meets through it, once for every swept backend."""
     import os

@@ -6,7 +6,7 @@ Every case builds its inputs from its own seeds and the rank, so the same case g
 backend. Integer-valued inputs where the arithmetic allows it (the collectives, DTensor redistribution), so results
 compare bit for bit; training runs return their losses and final parameters.
 
-``run_cases(rank, n, backend, names, device, workdir)`` is the spawned ranks' entry point (tests/torch_backend/torch_ranks.py calls
+``run_cases(rank, n, backend, names, device, workdir)`` is the spawned ranks' entry point (tests/support/torch_ranks.py calls
 it after ``init_process_group(backend)``); it returns {case: result or "ERROR: traceback"} and, for gpucoll default
 groups, how many calls reached gpucoll's process groups in each case.
 """
@@ -421,7 +421,7 @@ class _Ctx:
 
 
 def run_cases(rank, n, backend, names, workdir):
-    """The spawned ranks' entry point (tests/torch_backend/torch_ranks.py has made the default group with `backend`)."""
+    """The spawned ranks' entry point (tests/support/torch_ranks.py has made the default group with `backend`)."""
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc

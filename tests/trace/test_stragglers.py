@@ -19,6 +19,7 @@ import types
 import helpers
 import numpy as np
 import pytest
+import torch_ranks
 
 import gpucoll
 from gpucoll.backends.base import Backend
@@ -143,3 +144,31 @@ def test_one_rank_is_never_late_and_a_closed_communicator_refuses():
 def test_backends_without_arrival_times_say_so():
     with pytest.raises(Unsupported, match="host backend only so far; the nccl backend does not compare arrival"):
         Backend.stragglers(types.SimpleNamespace(name="nccl"), False)
+
+
+def _torch_worker(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    import gpucoll.torch
+
+    t = torch.zeros(256)
+    try:
+        gpucoll.torch.stragglers()
+    except InvalidUsage as exc:
+        early = str(exc)
+    for step in range(10):
+        if rank == 1:
+            time.sleep(DELAY)
+        dist.all_reduce(t)
+    s = gpucoll.torch.stragglers()
+    return early, s.samples, s.slowest().rank, s.ranks[1].median_s
+
+
+def test_torch_jobs_read_the_groups_stragglers():
+    helpers.require("torch.distributed")
+    results = torch_ranks.run(_torch_worker, 3, backend="gpucoll")
+    for early, samples, slowest, median in results:
+        assert "no collective has run on cpu tensors in this group yet" in early, early
+        assert samples >= 10 and slowest == 1, (samples, slowest)
+        assert abs(median - DELAY) <= 0.2 * DELAY, median

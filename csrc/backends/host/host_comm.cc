@@ -167,7 +167,7 @@ void HostComm::begin_op(const char* what, int coll) {
   ++op_seq_;
   awake_ns_ = now_ns();
   Ctl* me = ctl(opt_.rank);
-  me->arrived_ns[op_seq_ & 1].store(awake_ns_, std::memory_order_relaxed);  // published by the first step
+  me->arrived_us[op_seq_ & 1].store(static_cast<uint32_t>(awake_ns_ / 1000), std::memory_order_relaxed);
   me->in_coll.store(coll, std::memory_order_relaxed);
   me->op_seq.store(op_seq_, std::memory_order_release);
   stalled_ns_ = 0;
@@ -226,11 +226,14 @@ void HostComm::check_arrivals(const algo::CallSig& sig) {
   bool same = true;
   for (int q = 0; q < opt_.nranks && same; ++q) same = algo::call_sig_equal(ctl(q)->sig[slot], sig);
   if (same) {
+    // Relative to this rank's own arrival: the 32-bit clock wraps, differences do not (region.h).
+    const uint32_t mine = ctl(opt_.rank)->arrived_us[slot].load(std::memory_order_relaxed);
     for (int q = 0; q < opt_.nranks; ++q) {
-      arrivals_[static_cast<size_t>(q)] = ctl(q)->arrived_ns[slot].load(std::memory_order_relaxed);
+      const auto d = static_cast<int32_t>(ctl(q)->arrived_us[slot].load(std::memory_order_relaxed) - mine);
+      arrivals_[static_cast<size_t>(q)] = int64_t{d} * 1000;
     }
-    stragglers_.add(arrivals_.data());
-    if (opt_.straggler_report > 0 && opt_.rank == 0 && stragglers_.total() % opt_.straggler_report == 0) {
+    const int64_t measured = stragglers_.add(arrivals_.data());
+    if (opt_.straggler_report > 0 && opt_.rank == 0 && measured % opt_.straggler_report == 0) {
       log_write(LogLevel::kInfo, stragglers_.summary());  // asked for by name: whatever GPUCOLL_LOG_LEVEL says
     }
     return;

@@ -49,6 +49,11 @@ struct Ctl {
   // only after every rank has passed the check of k+1, i.e. finished reading k's.
   alignas(64) WaitWord done;  // schedule steps completed; peers wait on it
   algo::CallSig sig[2];
+  // When this rank entered collective k, in microseconds of CLOCK_MONOTONIC (one clock for every process of the
+  // machine) modulo 2^32, in slot k & 1 under the signatures' rule. In the same line, so the straggler window
+  // (core/stragglers.h) costs the peers no extra cache-line transfer; differences of 32-bit microseconds stay
+  // exact for lateness up to 35 minutes.
+  std::atomic<uint32_t> arrived_us[2];
   alignas(64) std::atomic<uint64_t> op_seq;  // collectives entered, for "who had not reached it" reports
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> attached;
@@ -66,20 +71,16 @@ struct Ctl {
   // While this rank sleeps in a wait: (peer + 1) << 32 | the step count it waits for (kP2PWait: a p2p
   // counter); 0 otherwise. Peers that time out follow these to the rank that holds everyone up.
   std::atomic<uint64_t> waiting;
-  // When this rank entered collective k (CLOCK_MONOTONIC, one clock for every process of the machine), in slot
-  // k & 1 like the signatures and under the same rule: written before the step that publishes k, read by the
-  // peers after they have seen that step, and overwritten by k + 2 only once every rank has read it. The
-  // straggler window (core/stragglers.h) is built from them at no extra synchronisation.
-  alignas(64) std::atomic<int64_t> arrived_ns[2];
   // The last collective this rank completed (its number, kind, and when), and the kind of the one it is in (-1: a
   // barrier or none): what a timeout report says of a rank that did not arrive.
-  std::atomic<uint64_t> done_seq;
+  alignas(64) std::atomic<uint64_t> done_seq;
   std::atomic<int64_t> done_ns;
   std::atomic<int32_t> done_coll;
   std::atomic<int32_t> in_coll;
 };
 constexpr uint32_t kP2PWait = 0xFFFFFFFFu;
-static_assert(offsetof(Ctl, sig) + sizeof(Ctl::sig) <= 64, "done and the signatures must share a cache line");
+static_assert(offsetof(Ctl, arrived_us) + sizeof(Ctl::arrived_us) <= 64,
+              "done, the signatures and the arrival times must share a cache line");
 
 // One per ordered pair (src -> dst). `sent` is written only by src, `acked` only by dst; both count pieces
 // over the pair's lifetime, so neither side needs to reset anything between messages.

@@ -48,7 +48,9 @@ std::string HostComm::whereabouts(int peer) const {
   if (entered > done) {
     return std::string("it is inside ") + coll_label(c->in_coll.load(std::memory_order_relaxed)) + " #" +
            std::to_string(entered) + ", entered " +
-           secs((now - c->arrived_ns[entered & 1].load(std::memory_order_relaxed)) * 1e-9) + " ago";
+           secs(static_cast<uint32_t>(now / 1000 - c->arrived_us[entered & 1].load(std::memory_order_relaxed)) *
+                1e-6) +
+           " ago";
   }
   if (done == 0) return "it had completed no collective";
   return std::string("its last completed: ") + coll_label(c->done_coll.load(std::memory_order_relaxed)) + " #" +
