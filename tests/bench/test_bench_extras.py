@@ -43,6 +43,7 @@ def test_json_csv_environment(run2, capsys):
     assert any(line.startswith("# environment.info:") for line in head)
 
 
+@pytest.mark.spawns  # run2 starts the ranks once for the module
 def test_compare_gloo_ratio(run2):
     _, d = run2
     doc = json.loads((d / "a.json").read_text())
@@ -77,6 +78,7 @@ def test_compare_peers_say_what_they_mean(capsys):
     assert "--backend host or --backend custom" in peers.unavailable("unchecked", "all_reduce", "nccl")
 
 
+@pytest.mark.spawns  # run2 starts the ranks once for the module
 def test_plot_png_and_lines(run2, tmp_path):
     _, d = run2
     assert (d / "a.png").read_bytes()[:8] == PNG
