@@ -19,6 +19,8 @@ COMMANDS = {
     "topo": ("gpucoll.topo_cli", "main", ("the GPU wiring and what gpucoll would run on it; --from-nvidia-smi FILE "
                                           "explains another machine (also: gpucoll-topo)")),
     "tune": ("gpucoll.tune", "main", "fit the cost model to gpucoll-bench --json runs (also: gpucoll-tune)"),
+    "trace": ("gpucoll.trace_cli", "main", ("merge the flight-recorder dumps of a failed collective: where every "
+                                            "rank was, the last collectives, stragglers; --plot draws the ranks")),
     "explain": ("gpucoll.algo", "explain_main", ("compare the algorithms for one collective call "
                                                  "(also: python -m gpucoll.algo explain)")),
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gpucoll import _buffers, _log, _timeout, backends, config
+from gpucoll import _buffers, _log, _timeout, backends, config, flight_recorder
 from gpucoll import group as groups
 from gpucoll._native import _C
 from gpucoll.backends.base import (
@@ -159,8 +159,24 @@ class Communicator:
         try:
             self._ops.barrier()
         except (CollectiveTimeout, RemoteError) as e:
-            self._failed.update(e.ranks or ())
+            self._failure(e)
             raise
+
+    def trace(self, last: int = 0) -> dict:
+        """This rank's flight recorder: its last `last` operations (0: all it holds, GPUCOLL_TRACE_BUFFER), oldest
+        first, each with its call, size, algorithm, state and times (CLOCK_MONOTONIC ns; add realtime_ns -
+        monotonic_ns for wall-clock time). What a failed collective dumps to a file (python -m gpucoll trace)."""
+        self._check_open("trace")
+        if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+            raise InvalidArgument(f"last must be an int >= 0 (0: every entry held); got {last!r}")
+        return self._ops.trace(last)
+
+    def dump_trace(self, path: str | None = None) -> str:
+        """Writes this rank's flight recorder to `path` (default: GPUCOLL_TRACE_DIR or the temporary directory,
+        gpucoll-trace-<communicator>-rank<r>.json) and returns the path; no communication. Dump every rank and
+        merge the files with python -m gpucoll trace for the timeline and the straggler table of a running job."""
+        self._check_open("dump_trace")
+        return flight_recorder.dump(self, self._ops, path)
 
     def stragglers(self, reset: bool = False) -> Stragglers:
         """Each rank's lateness at the last 1000 collectives, and how often it arrived last (gpucoll/stragglers.py):
@@ -285,7 +301,7 @@ class Communicator:
                 if self._fast_all_reduce(x, op, algo, stream, async_op):
                     return x
             except (CollectiveTimeout, RemoteError) as e:
-                self._failed.update(e.ranks or ())
+                self._failure(e)
                 raise
         src = self._resolve(x, "x", writable=out is None)
         dst = self._resolve_out(src, out, src.count)
@@ -459,8 +475,14 @@ class Communicator:
         try:
             return self._ops.collective(coll, algo, src, dst, count, redop, root, stream, async_op)
         except (CollectiveTimeout, RemoteError) as e:
-            self._failed.update(e.ranks or ())  # what shrink() knows of dead ranks without waiting for them
+            self._failure(e)
             raise
+
+    def _failure(self, e) -> None:
+        """A collective timed out or a peer failed: remember the ranks it names (what shrink() knows of dead ranks
+        without waiting for them), and dump the flight recorder, saying in `e` where every rank is."""
+        self._failed.update(e.ranks or ())
+        flight_recorder.on_failure(self, self._ops, self._store, e)
 
     def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True, slice_in_place=None):
         """`out` checked against `src`. slice_in_place names NCCL's in-place layouts, where the two overlap on

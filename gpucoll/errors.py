@@ -6,7 +6,9 @@ All classes are picklable (so a worker's error crosses process boundaries intact
 * ``message`` - what went wrong, naming the argument and what was expected where that applies;
 * ``call`` - the failing call (``shm_open(...)``, ``ncclAllReduce``), or ``""``;
 * ``location`` - ``file.cc:line`` in the C++ core, or ``""``;
-* ``ranks`` - the ranks the error is about (missing ranks of a timeout, failed ranks of a remote error).
+* ``ranks`` - the ranks the error is about (missing ranks of a timeout, failed ranks of a remote error);
+* ``trace_file`` - the flight-recorder dump a failed collective wrote on this rank (gpucoll/flight_recorder.py), or
+  None.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class GpucollError(Exception):
     """Base class of every gpucoll error."""
 
     code = 0
+    trace_file = None
 
     def __init__(self, message: str = "", *, call: str = "", location: str = "", ranks=()):
         super().__init__(message)

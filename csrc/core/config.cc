@@ -59,6 +59,13 @@ const std::vector<ConfigVar>& config_vars() {
        "Every this many collectives, rank 0 of a host-backend communicator writes a one-line straggler summary to "
        "stderr: the ranks that arrived last most often over the last 1000 collectives, and how late (comm."
        "stragglers() gives the whole table). 0: never."},
+      {"GPUCOLL_TRACE_BUFFER", VarType::kInt, "2000",
+       "Entries of each communicator's flight recorder: its last operations with their call, size, algorithm, "
+       "state and times, dumped to GPUCOLL_TRACE_DIR when a collective times out or a peer fails (read it with "
+       "python -m gpucoll trace). 0: off."},
+      {"GPUCOLL_TRACE_DIR", VarType::kString, "",
+       "Where a failed collective's flight-recorder dump is written, one JSON file per rank; empty: the system's "
+       "temporary directory. The error names the file."},
       {"GPUCOLL_CUSTOM_BUFFER_BYTES", VarType::kBytes, "32M",
        "Staging buffer per rank of the custom backend's kernels, per half (two halves, used by alternate calls); "
        "larger allreduces run as several kernels."},

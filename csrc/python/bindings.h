@@ -6,6 +6,10 @@
 
 #include <memory>
 
+namespace gpucoll {
+class FlightRecorder;
+}
+
 namespace gpucoll::python {
 
 // The deleter of bound objects whose destructor waits for the device or for peers (cudaFree waits for every
@@ -51,5 +55,8 @@ void bind_topo(pybind11::module_& m);
 void bind_device_memory(pybind11::module_& m);
 // custom.cc: gpucoll's own allreduce kernels (host-side decisions everywhere; the communicator in CUDA builds).
 void bind_custom(pybind11::module_& m);
+
+// trace.cc: a flight recorder's last `last` entries (0: all) with both clocks, as a dict that is JSON as it stands.
+pybind11::dict trace_dict(const FlightRecorder& rec, int last);
 
 }  // namespace gpucoll::python

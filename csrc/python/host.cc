@@ -64,6 +64,7 @@ void bind_host(py::module_& m) {
              o.segment_bytes = config_bytes("GPUCOLL_HOST_SEGMENT_BYTES");
              o.spin_us = config_int("GPUCOLL_HOST_SPIN_US");
              o.straggler_report = config_int("GPUCOLL_STRAGGLER_REPORT");
+             o.trace_capacity = static_cast<int>(config_int("GPUCOLL_TRACE_BUFFER"));
              if (!handle) return new HostComm(o, nullptr);
              host::ShmHandle h;
              std::tie(h.pid, h.fd, h.token[0], h.token[1]) = *handle;
@@ -190,6 +191,31 @@ void bind_host(py::module_& m) {
           py::arg("reset") = false,
           "Each rank's lateness (against the first to arrive) at the last `window` collectives, and how often it "
           "arrived last; reset=True empties the window after reading it.")
+      .def("trace", [](const HostComm& c, int last) { return trace_dict(c.trace(), last); }, py::arg("last") = 0,
+           "The flight recorder's last `last` operations (0: every one it holds), oldest first.")
+      .def(
+          "peer_states",
+          [](const HostComm& c) {
+            py::list out;
+            for (const HostComm::PeerState& p : c.peer_states()) {
+              py::dict d;
+              d["pid"] = p.pid;
+              d["exited"] = p.exited;
+              d["broken"] = p.broken;
+              d["entered"] = p.entered;
+              d["in_coll"] = p.in_coll;
+              d["in_for_s"] = p.in_for_s;
+              d["done"] = p.done;
+              d["done_coll"] = p.done_coll;
+              d["done_ago_s"] = p.done_ago_s;
+              d["in_p2p"] = p.in_p2p;
+              d["where"] = p.where;
+              out.append(d);
+            }
+            return out;
+          },
+          "Where every rank is, as it published in the shared region: the collective it entered last and the last "
+          "it completed (numbers, algo.Coll ids, -1 for a barrier), whether its process is gone.")
       .def_property_readonly("call_check", &HostComm::call_check)
       .def_property_readonly("rank", &HostComm::rank)
       .def_property_readonly("nranks", &HostComm::nranks)

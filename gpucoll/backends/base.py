@@ -111,6 +111,19 @@ class Backend(abc.ABC):
         raise Unsupported(f"stragglers() is measured on the host backend only so far; the {self.name} backend does "
                           f"not compare arrival times yet")
 
+    def trace(self, last: int) -> dict:
+        """The flight recorder's last `last` operations (0: all it holds) with both clocks (csrc/python/trace.cc)."""
+        raise Unsupported(f"the flight recorder records on the host backend only so far; the {self.name} backend "
+                          f"does not record its operations yet")
+
+    def trace_key(self) -> str:
+        """A name every rank of this communicator gives alike and no other communicator shares: its dump files and
+        the store keys of a hang report carry it."""
+        raise Unsupported(f"the {self.name} backend has no flight recorder")
+
+    def peer_states(self):
+        """Where every rank is as this rank can see without asking them (HostComm.peer_states), or None."""
+
     # -- teardown -------------------------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:
         """Stop at once without waiting for issued operations, where the implementation can; close() follows."""

@@ -10,6 +10,7 @@ picked by the host cost model (``_C.select_algorithm``, or ``algo=``), and run; 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import socket
 
@@ -123,6 +124,16 @@ class Host(Backend):
 
     def stragglers(self, reset: bool) -> dict:
         return self.impl.stragglers(reset)
+
+    def trace(self, last: int) -> dict:
+        return self.impl.trace(last)
+
+    def trace_key(self) -> str:
+        # The region's random token, which every rank checked on attach; hashed, as the key goes into file names.
+        return "host-" + hashlib.sha256(f"{self.impl.handle[2]}:{self.impl.handle[3]}".encode()).hexdigest()[:16]
+
+    def peer_states(self):
+        return self.impl.peer_states()
 
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return self._select(coll, algo, nbytes)

@@ -108,6 +108,15 @@ class WithHost(Backend):
     def stragglers(self, reset: bool) -> dict:
         return self.gpu.stragglers(reset)  # the GPU communicator's: the one training steps synchronise on
 
+    def trace(self, last: int) -> dict:
+        return self.gpu.trace(last)
+
+    def trace_key(self) -> str:
+        return self.gpu.trace_key()
+
+    def peer_states(self):
+        return self.gpu.peer_states()
+
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return self.gpu.algorithm_for(coll, nbytes, dtype, algo)
 

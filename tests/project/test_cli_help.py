@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucoll import algo, info, topo_cli, tune
+from gpucoll import algo, info, topo_cli, trace_cli, tune
 from gpucoll._help import default_text
 from gpucoll.bench import args, check, cli, plot
 
@@ -35,9 +35,11 @@ PARSERS = {
     "gpucoll-tune": tune._parser,
     "python -m gpucoll.algo": algo._parser,
     "python -m gpucoll info": info._parser,
+    "python -m gpucoll trace": trace_cli._parser,
     "bench/ddp_step.py": lambda: _script_parser("ddp_step"),
     "bench/compare_peers.py": lambda: _script_parser("compare_peers"),
     "bench/calibrate_host.py": lambda: _script_parser("calibrate_host"),
+    "bench/trace_overhead.py": lambda: _script_parser("trace_overhead"),
 }
 
 

@@ -38,6 +38,7 @@ bool uses_local_size(const algo::Algorithm& a) {
 HostComm::HostComm(const HostOptions& options, const ShmHandle* attach_to)
     : opt_(options),
       stragglers_(std::max(options.nranks, 1), kStragglerWindow),
+      trace_(options.trace_capacity),
       arrivals_(static_cast<size_t>(std::max(options.nranks, 1))) {
   GPUCOLL_CHECK_ARG(opt_.nranks >= 1, "world_size must be >= 1, got ", opt_.nranks);
   GPUCOLL_CHECK_ARG(opt_.rank >= 0 && opt_.rank < opt_.nranks, "rank must be in [0, ", opt_.nranks, "), got ",
@@ -174,19 +175,40 @@ void HostComm::begin_op(const char* what, int coll) {
   deadline_ns_ = awake_ns_ + static_cast<int64_t>(opt_.timeout_s * 1e9);
 }
 
-void HostComm::end_op(int coll) {
+void HostComm::end_op(int coll, TraceState state) {
   Ctl* me = ctl(opt_.rank);
-  me->done_ns.store(now_ns(), std::memory_order_relaxed);
+  const int64_t now = now_ns();
+  trace_.end(trace_id_, state, now);
+  me->done_ns.store(now, std::memory_order_relaxed);
   me->done_coll.store(coll, std::memory_order_relaxed);
   me->done_seq.store(op_seq_, std::memory_order_release);
 }
 
-void HostComm::begin_p2p(const char* what) {
+void HostComm::begin_p2p(const char* what, const std::vector<P2POp>& ops) {
   check_usable(what);
   current_ = what;
   in_p2p_ = true;
   ++p2p_seq_;
   awake_ns_ = now_ns();
+  int64_t sent = 0;
+  int32_t peer = -1;
+  for (const P2POp& op : ops) {
+    if (op.send) sent += op.bytes;
+    peer = (peer == -1 || peer == op.peer) ? op.peer : -2;
+  }
+  algo::CallSig sig{};
+  sig.seq = static_cast<uint32_t>(p2p_seq_);
+  sig.coll = kTraceP2P;
+  sig.count = static_cast<int64_t>(ops.size());
+  sig.root = peer;  // the one peer of the batch, -2 for several
+  sig.dtype = sig.op = sig.algo = algo::kSigNone;
+  trace_id_ = trace_.begin(p2p_seq_, sig, sent, TraceBackend::kHost, awake_ns_, awake_ns_);
+  Ctl* me = ctl(opt_.rank);
+  const P2PKind kind = ops.size() != 1 ? P2PKind::kGroup : ops[0].send ? P2PKind::kSend : P2PKind::kRecv;
+  me->p2p_kind.store(static_cast<int32_t>(kind), std::memory_order_relaxed);
+  me->p2p_peer.store(peer, std::memory_order_relaxed);
+  me->p2p_ns.store(awake_ns_, std::memory_order_relaxed);
+  me->p2p_begun.store(p2p_seq_, std::memory_order_release);
   stalled_ns_ = 0;
   deadline_ns_ = awake_ns_ + static_cast<int64_t>(opt_.timeout_s * 1e9);
 }
@@ -309,6 +331,8 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
       static_cast<uint32_t>(op_seq_), static_cast<int32_t>(a.coll), static_cast<int32_t>(a.dtype),
       a.premul ? algo::kSigPremulSum : static_cast<int32_t>(a.op), a.root, a.count, algo_index(algorithm),
       uses_local_size(algorithm) ? p.local_size : 0, a.auto_algo);
+  trace_id_ = trace_.begin(op_seq_, sig, a.count * static_cast<int64_t>(dtype_size(a.dtype)), TraceBackend::kHost,
+                           awake_ns_, awake_ns_);
   const char* why = algorithm.unusable(p);
   if (why != nullptr && !call_check_) {
     GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
@@ -328,6 +352,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
     // Every rank raises it after the same one step; only the work-buffer half must be put back, as a rank with
     // nothing to move took none.
     pieces_ = pieces_before;
+    end_op(static_cast<int>(a.coll), TraceState::kMismatch);
     throw;
   } catch (const Error& e) {
     fail(what, &e);
@@ -338,6 +363,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   }
   if (why != nullptr) {
     // The same call on every rank (the check passed), so every rank refuses it here, in step.
+    end_op(static_cast<int>(a.coll), TraceState::kFailed);
     GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
                   " here: ", why);
   }
@@ -459,12 +485,14 @@ void HostComm::barrier() {
   begin_op("barrier");
   const algo::CallSig sig = algo::make_call_sig(static_cast<uint32_t>(op_seq_), algo::kSigBarrier, 0, 0, -1, 0, -1,
                                                 0, false);
+  trace_id_ = trace_.begin(op_seq_, sig, 0, TraceBackend::kHost, awake_ns_, awake_ns_);
   try {
     post_sig(sig);
     complete_sync_step();
     wait_all_arrived();
     check_arrivals(sig);
   } catch (const CallMismatch&) {
+    end_op(-1, TraceState::kMismatch);
     throw;
   } catch (const Error& e) {
     fail("barrier", &e);

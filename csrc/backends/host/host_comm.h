@@ -34,6 +34,7 @@
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
 #include "core/error.h"
+#include "core/flight_recorder.h"
 #include "core/stragglers.h"
 #include "core/types.h"
 
@@ -58,6 +59,7 @@ struct HostOptions {
   int64_t segment_bytes = 256 << 10;  // target chunk size of one schedule step
   int64_t spin_us = 50;
   int64_t straggler_report = 0;  // GPUCOLL_STRAGGLER_REPORT: rank 0 logs a straggler summary every this many
+  int trace_capacity = FlightRecorder::kDefaultCapacity;  // GPUCOLL_TRACE_BUFFER: the flight recorder's entries
 };
 
 // One side of a point-to-point transfer; a batch of them (a group) progresses together.
@@ -118,6 +120,24 @@ class HostComm {
   // calls (no extra synchronisation); empty with the call check off (benchmarks only).
   const StragglerWindow& stragglers() const { return stragglers_; }
   void clear_stragglers() { stragglers_.clear(); }
+  // This rank's last operations (core/flight_recorder.h), begun and ended where begin_op/end_op and fail() are.
+  const FlightRecorder& trace() const { return trace_; }
+  // Where each rank is, as it published in the region (for a hang report): its pid and whether that process is
+  // gone, the collective it entered last (op_seq, in_coll) and the last it completed (done_seq, done_coll, when).
+  struct PeerState {
+    int pid = 0;
+    bool exited = false;
+    bool broken = false;
+    uint64_t entered = 0;
+    int32_t in_coll = -1;
+    double in_for_s = 0;  // since it entered `entered`, while it has not completed it
+    uint64_t done = 0;
+    int32_t done_coll = -1;
+    double done_ago_s = 0;
+    bool in_p2p = false;  // inside a batch of sends and receives (`where` says which)
+    std::string where;  // whereabouts(): "it is inside all_reduce #12, entered 3.1 s ago"
+  };
+  std::vector<PeerState> peer_states() const;
   static constexpr int kStragglerWindow = 1000;
   ShmHandle handle() const { return shm_.handle(); }
 
@@ -143,8 +163,9 @@ class HostComm {
   // Starts a collective (barrier included; `coll` is its algo::Coll, -1 for a barrier): numbers it, publishes that
   // number and this rank's arrival time, sets its deadline.
   void begin_op(const char* what, int coll = -1);
-  // Ends it: publishes it as this rank's last completed collective (for the peers' timeout reports).
-  void end_op(int coll);
+  // Ends it: publishes it as this rank's last completed collective (for the peers' timeout reports), a call that
+  // raised CallMismatch included (every rank completes it alike); `state` goes to the flight recorder.
+  void end_op(int coll, TraceState state = TraceState::kDone);
   // Writes this rank's signature of the current collective (before the step that publishes it).
   void post_sig(const algo::CallSig& sig);
   // After this rank's first step of a collective: waits for every rank's, then compares the signatures. Raises
@@ -155,7 +176,9 @@ class HostComm {
   // Waits until rank `peer` has completed `target` steps; raises a timeout or remote error instead of hanging.
   void wait_done(int peer, uint32_t target);
   // Starts a batch of sends and receives: numbered apart from the collectives, which it must not disturb.
-  void begin_p2p(const char* what);
+  // Its flight-recorder entry: coll kTraceP2P, count = the batch's operations, root = its one peer (-2: several),
+  // bytes = what it sends.
+  void begin_p2p(const char* what, const std::vector<P2POp>& ops);
   // "all_reduce #12", "send #3".
   std::string op_label() const;
   // Where `peer` is, from what it published in the region: "it is inside all_reduce #12, entered 3.1 s ago", or
@@ -223,6 +246,8 @@ class HostComm {
   bool broken_ = false;
   std::map<std::tuple<const algo::Algorithm*, int, int, int>, Plan> plans_;
   StragglerWindow stragglers_;
+  FlightRecorder trace_;
+  uint64_t trace_id_ = FlightRecorder::kOff;  // the recorder's entry of the operation under way
   std::vector<int64_t> arrivals_;  // scratch: one collective's arrival times, read from the region
 };
 

@@ -17,7 +17,7 @@
 namespace gpucoll::host {
 
 void HostComm::p2p(const std::vector<P2POp>& ops) {
-  begin_p2p(ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "group");
+  begin_p2p(ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "group", ops);
   struct Progress {
     const P2POp* op;
     uint64_t first_piece;  // the pair counter value of this message's first piece
@@ -116,6 +116,8 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
       }
     }
     ctl(opt_.rank)->waiting.store(0, std::memory_order_relaxed);
+    trace_.end(trace_id_, TraceState::kDone, now_ns());
+    ctl(opt_.rank)->p2p_done.store(p2p_seq_, std::memory_order_release);
   } catch (const Error& e) {
     fail(current_, &e);
     throw;

@@ -77,7 +77,15 @@ struct Ctl {
   std::atomic<int64_t> done_ns;
   std::atomic<int32_t> done_coll;
   std::atomic<int32_t> in_coll;
+  // Point-to-point batches begun and completed, and of the last one begun its kind (P2PKind), its peer (-2: several)
+  // and when: "it is inside recv #3 from rank 0" for a rank that is busy with sends and receives.
+  std::atomic<uint64_t> p2p_begun;
+  std::atomic<uint64_t> p2p_done;
+  std::atomic<int64_t> p2p_ns;
+  std::atomic<int32_t> p2p_kind;
+  std::atomic<int32_t> p2p_peer;
 };
+enum class P2PKind : int32_t { kSend = 0, kRecv = 1, kGroup = 2 };
 constexpr uint32_t kP2PWait = 0xFFFFFFFFu;
 static_assert(offsetof(Ctl, arrived_us) + sizeof(Ctl::arrived_us) <= 64,
               "done, the signatures and the arrival times must share a cache line");

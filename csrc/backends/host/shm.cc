@@ -71,6 +71,10 @@ void ShmRegion::attach(const ShmHandle& h) {
   if (p == MAP_FAILED) GPUCOLL_SYSCALL_FAIL(std::string("mmap(") + path + ")", err);
   data_ = p;
   size_ = bytes;
+  // The creator's pid and token name the region alike on every rank (the flight recorder's dumps use them); the
+  // descriptor is the creator's, not this process's.
+  handle_ = h;
+  handle_.fd = -1;
 }
 
 void ShmRegion::close_fd() noexcept {

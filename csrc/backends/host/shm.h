@@ -41,7 +41,7 @@ class ShmRegion {
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
-  // The creator's handle (pid, fd, token); fd is -1 once close_fd() ran.
+  // The creator's handle (pid, fd, token); fd is -1 once close_fd() ran, and on a rank that attached.
   ShmHandle handle() const { return handle_; }
   const std::string& describe() const { return what_; }
 

@@ -52,9 +52,42 @@ std::string HostComm::whereabouts(int peer) const {
                 1e-6) +
            " ago";
   }
+  const uint64_t p2p = c->p2p_begun.load(std::memory_order_acquire);
+  if (p2p > c->p2p_done.load(std::memory_order_acquire)) {
+    static const char* const kinds[] = {"send", "recv", "group"};
+    const int32_t kind = c->p2p_kind.load(std::memory_order_relaxed);
+    const int32_t with = c->p2p_peer.load(std::memory_order_relaxed);
+    std::string s = std::string("it is inside ") + kinds[std::clamp(kind, 0, 2)] + " #" + std::to_string(p2p);
+    if (with >= 0) s += std::string(kind == 0 ? " to" : " from") + " rank " + std::to_string(with);
+    return s + ", entered " + secs((now - c->p2p_ns.load(std::memory_order_relaxed)) * 1e-9) + " ago (point-to-point)";
+  }
   if (done == 0) return "it had completed no collective";
   return std::string("its last completed: ") + coll_label(c->done_coll.load(std::memory_order_relaxed)) + " #" +
          std::to_string(done) + ", " + secs((now - c->done_ns.load(std::memory_order_relaxed)) * 1e-9) + " ago";
+}
+
+std::vector<HostComm::PeerState> HostComm::peer_states() const {
+  std::vector<PeerState> out(static_cast<size_t>(opt_.nranks));
+  const int64_t now = now_ns();
+  for (int r = 0; r < opt_.nranks; ++r) {
+    const Ctl* c = ctl(r);
+    PeerState& p = out[static_cast<size_t>(r)];
+    p.pid = c->pid.load(std::memory_order_relaxed);
+    p.exited = r != opt_.rank && peer_dead(r);
+    p.broken = c->broken.load(std::memory_order_acquire) != 0;
+    p.entered = c->op_seq.load(std::memory_order_acquire);
+    p.done = c->done_seq.load(std::memory_order_acquire);
+    p.in_coll = c->in_coll.load(std::memory_order_relaxed);
+    p.done_coll = c->done_coll.load(std::memory_order_relaxed);
+    if (p.entered > p.done) {
+      p.in_for_s = static_cast<uint32_t>(now / 1000 - c->arrived_us[p.entered & 1].load(std::memory_order_relaxed)) *
+                   1e-6;
+    }
+    if (p.done > 0) p.done_ago_s = (now - c->done_ns.load(std::memory_order_relaxed)) * 1e-9;
+    p.in_p2p = c->p2p_begun.load(std::memory_order_acquire) > c->p2p_done.load(std::memory_order_acquire);
+    p.where = whereabouts(r);
+  }
+  return out;
 }
 
 std::string HostComm::late_note(std::vector<int>* ranks) const {
@@ -235,6 +268,7 @@ void HostComm::wait_word(WaitWord* w, uint32_t target, int peer, uint32_t publis
 
 void HostComm::fail(const char* what, const Error* cause) noexcept {
   broken_ = true;
+  trace_.end(trace_id_, TraceState::kFailed, now_ns());
   if (shm_.data() == nullptr) return;
   Ctl* me = ctl(opt_.rank);
   int32_t code = static_cast<int32_t>(ErrorCode::kInternal);
