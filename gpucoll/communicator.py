@@ -176,7 +176,7 @@ class Communicator:
         gpucoll-trace-<communicator>-rank<r>.json) and returns the path; no communication. Dump every rank and
         merge the files with python -m gpucoll trace for the timeline and the straggler table of a running job."""
         self._check_open("dump_trace")
-        return flight_recorder.dump(self, self._ops, path)
+        return flight_recorder.dump(self._trace_source(), path)
 
     def stragglers(self, reset: bool = False) -> Stragglers:
         """Each rank's lateness at the last 1000 collectives, and how often it arrived last (gpucoll/stragglers.py):
@@ -482,7 +482,12 @@ class Communicator:
         """A collective timed out or a peer failed: remember the ranks it names (what shrink() knows of dead ranks
         without waiting for them), and dump the flight recorder, saying in `e` where every rank is."""
         self._failed.update(e.ranks or ())
-        flight_recorder.on_failure(self, self._ops, self._store, e)
+        flight_recorder.on_failure(self._trace_source(), self._store, e)
+
+    def _trace_source(self):
+        ops = self._ops
+        return flight_recorder.Source(self._rank, self._world_size, self._timeout, self._backend, ops.trace,
+                                      ops.trace_key, ops.peer_states)
 
     def _resolve_out(self, src, out, count: int, shape=None, alias_ok: bool = True, slice_in_place=None):
         """`out` checked against `src`. slice_in_place names NCCL's in-place layouts, where the two overlap on

@@ -19,12 +19,14 @@ message instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from gpucoll import _log, config
 from gpucoll.algo import COLLS
@@ -46,12 +48,34 @@ def trace_path(key: str, rank: int) -> str:
     return os.path.join(folder, f"gpucoll-trace-{key}-rank{rank}.json")
 
 
+@dataclasses.dataclass
+class Source:
+    """What a dump is taken from: a communicator's identity and its backend's recorder (Backend.trace, trace_key,
+    peer_states), from the Communicator or from a backend's own failure path (the NCCL watchdog)."""
+
+    rank: int
+    world_size: int
+    timeout: float
+    backend: str
+    trace: Callable[[int], dict]
+    key: Callable[[], str]
+    states: Callable[[], object]
+
+
 def failed_entry(trace: dict):
-    """The operation the failure happened in: the newest entry that failed or never ended."""
+    """The operation the failure happened in: the oldest of the trailing entries that failed or never ended (a GPU
+    backend may have several queued behind the one that hung; the host backend has one)."""
+    found = None
     for e in reversed(trace.get("entries", [])):
-        if e["state"] in ("failed", "running"):
-            return e
-    return None
+        if e["state"] not in ("failed", "running"):
+            break
+        found = e
+    return found
+
+
+def start_ns(e: dict) -> int:
+    """When an entry began on this rank: its start, or where the backend cannot see the start (NCCL), its enqueue."""
+    return e["start_ns"] or e["enqueue_ns"]
 
 
 def proc_state(pid: int) -> str:
@@ -146,7 +170,7 @@ def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: d
             continue
         entry = next((e for e in (tail or {}).get("tail", []) if e["seq"] == seq and e["op"] == failed["op"]), None)
         if entry is not None:
-            waited[r] = (now_real_ns - entry["start_ns"] - tail["realtime_minus_monotonic_ns"]) * 1e-9
+            waited[r] = (now_real_ns - start_ns(entry) - tail["realtime_minus_monotonic_ns"]) * 1e-9
         elif st is not None:
             waited[r] = st["in_for_s"] if st["entered"] > st["done"] else None
         else:
@@ -161,13 +185,14 @@ def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: d
     return "; ".join(parts)
 
 
-def on_failure(comm, ops, store, err: GpucollError) -> None:
-    """Dumps this rank's flight recorder for `err` (a CollectiveTimeout or RemoteError of a collective of `comm`)
-    and says in its message where every rank is and where the dump went. Never raises."""
+def on_failure(src: Source, store, err: GpucollError) -> None:
+    """Dumps this rank's flight recorder for `err` (a CollectiveTimeout or RemoteError of a collective of `src`)
+    and says in its message where every rank is and where the dump went. Once per error: a copy of it raised again
+    (the NCCL backend raises its recorded failure at every later call) carries the same text. Never raises."""
     if err.trace_file is not None or config.get_int("GPUCOLL_TRACE_BUFFER") <= 0:
         return
     try:
-        trace, key = ops.trace(0), ops.trace_key()
+        trace, key = src.trace(0), src.key()
     except Unsupported:
         return
     except Exception as e:  # noqa: BLE001 - the report never replaces the error it reports
@@ -177,10 +202,10 @@ def on_failure(comm, ops, store, err: GpucollError) -> None:
     if failed is None:
         return
     offset = trace["realtime_ns"] - trace["monotonic_ns"]
-    failed = dict(failed, start_real_ns=failed["start_ns"] + offset)
-    rank, world_size = comm.rank, comm.world_size
+    failed = dict(failed, start_real_ns=start_ns(failed) + offset)
+    rank, world_size = src.rank, src.world_size
     try:
-        states = ops.peer_states()
+        states = src.states()
     except Exception:  # noqa: BLE001
         states = None
     entered = ([r for r, s in enumerate(states) if s["entered"] >= failed["seq"] and not s["exited"]]
@@ -191,7 +216,7 @@ def on_failure(comm, ops, store, err: GpucollError) -> None:
     box: dict = {}
     if store is not None and world_size > 1:
         prefix = f"gpucoll/trace/{key}/{failed['op']}/{failed['seq']}/"
-        bound = exchange_bound(comm.timeout)
+        bound = exchange_bound(src.timeout)
         t = threading.Thread(target=_publish_and_collect, name="gpucoll-trace-exchange", daemon=True,
                              args=(store, prefix, rank, json.dumps(mine).encode(), entered, bound, box))
         t.start()
@@ -203,7 +228,7 @@ def on_failure(comm, ops, store, err: GpucollError) -> None:
     except Exception as e:  # noqa: BLE001
         summary = f"(where every rank is: not worked out: {type(e).__name__}: {e})"
     path = trace_path(key, rank)
-    doc = {"format": FORMAT, "version": VERSION, "rank": rank, "world_size": world_size, "backend": comm.backend,
+    doc = {"format": FORMAT, "version": VERSION, "rank": rank, "world_size": world_size, "backend": src.backend,
            "communicator": key, "host": mine["host"], "pid": mine["pid"], "written_realtime_ns": now_real,
            "error": {"type": type(err).__name__, "message": err.message, "ranks": list(err.ranks)},
            "failed": {"op": failed["op"], "seq": failed["seq"]}, "summary": summary,
@@ -222,16 +247,16 @@ def on_failure(comm, ops, store, err: GpucollError) -> None:
     _log.debug(f"flight recorder dumped to {path}")
 
 
-def dump(comm, ops, path=None) -> str:
+def dump(src: Source, path=None) -> str:
     """Writes this rank's whole recorder to `path` (default: where a failure would write it) without a failure or
     any communication: every rank of a healthy job can dump, and python -m gpucoll trace merges the files into
     the straggler table. Returns the path."""
-    trace, key = ops.trace(0), ops.trace_key()
-    path = path or trace_path(key, comm.rank)
-    doc = {"format": FORMAT, "version": VERSION, "rank": comm.rank, "world_size": comm.world_size,
-           "backend": comm.backend, "communicator": key, "host": socket.gethostname(), "pid": os.getpid(),
+    trace, key = src.trace(0), src.key()
+    path = path or trace_path(key, src.rank)
+    doc = {"format": FORMAT, "version": VERSION, "rank": src.rank, "world_size": src.world_size,
+           "backend": src.backend, "communicator": key, "host": socket.gethostname(), "pid": os.getpid(),
            "written_realtime_ns": time.time_ns(), "error": None, "failed": None, "summary": None,
-           "peer_states": ops.peer_states(), "peers": {}, "exchange": None, "trace": trace}
+           "peer_states": src.states(), "peers": {}, "exchange": None, "trace": trace}
     _write(path, doc)
     return path
 

@@ -20,7 +20,7 @@ import sys
 
 from gpucoll import trace_plot
 from gpucoll._help import HelpFormatter, reader_may_leave
-from gpucoll.trace_merge import TraceFileError, collectives, load, straggler_rows
+from gpucoll.trace_merge import TraceFileError, collectives, load, never_came, straggler_rows
 
 
 def _size(b: int) -> str:
@@ -49,6 +49,7 @@ def report(docs: list, around: int = 8) -> str:
         seen = next(d for d in docs if d["failed"])
         out.append(f"where every rank was (rank {seen['rank']}'s view): {seen['summary']}")
     table = collectives(docs)
+    absent_ranks = never_came(docs)
     seqs = sorted(table)
     shown = seqs[-around:] if around > 0 else seqs
     states = next((d["peer_states"] for d in docs if d["failed"] and d.get("peer_states")), None) \
@@ -69,7 +70,9 @@ def report(docs: list, around: int = 8) -> str:
             e = per_rank.get(r)
             if e is None:
                 st = states[r] if r < len(states) else None
-                cells.append("-" if st is not None and st["entered"] < key[0] else "?")
+                absent = st["entered"] < key[0] if st is not None else failed is not None and r in absent_ranks \
+                    and key == (failed["seq"], failed["op"])
+                cells.append("-" if absent else "?")
                 continue
             cell = f"{(e['start'] - t0) * 1e3:.3f}"
             if e is latest and not tie and len(per_rank) > 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from gpucoll.flight_recorder import FORMAT
+from gpucoll.flight_recorder import FORMAT, start_ns
 
 
 class TraceFileError(Exception):
@@ -40,12 +40,13 @@ def load(paths: list) -> list:
 
 
 def entries(doc: dict) -> list:
-    """A dump's entries with wall-clock times (start, end; end None while it ran)."""
+    """A dump's entries with wall-clock times (start, end; end None while it ran). A backend that cannot see when
+    an operation starts on its device (NCCL) gives its enqueue time as its start."""
     t = doc["trace"]
     off = t["realtime_ns"] - t["monotonic_ns"]
     out = []
     for e in t["entries"]:
-        e = dict(e, start=(e["start_ns"] + off) * 1e-9, end=(e["end_ns"] + off) * 1e-9 if e["end_ns"] else None)
+        e = dict(e, start=(start_ns(e) + off) * 1e-9, end=(e["end_ns"] + off) * 1e-9 if e["end_ns"] else None)
         out.append(e)
     return out
 
@@ -86,3 +87,9 @@ def straggler_rows(docs: list) -> tuple:
         p90 = xs[min(len(xs) - 1, int(0.9 * len(xs)))]
         rows.append((r, statistics.median(xs), p90, xs[-1], last[r]))
     return n, rows
+
+
+def never_came(docs: list) -> set:
+    """The ranks a timeout named as never having reached the failed operation: the only word a GPU backend has on
+    the ranks that wrote no dump."""
+    return {r for d in docs if d["error"] and d["error"]["type"] == "CollectiveTimeout" for r in d["error"]["ranks"]}

@@ -11,7 +11,7 @@ at least a pixel wide: a 10 us all_reduce on a long axis would otherwise vanish.
 
 from __future__ import annotations
 
-from gpucoll.trace_merge import collectives, entries
+from gpucoll.trace_merge import collectives, entries, never_came
 
 _SHOWN = 12  # collectives in the left panel
 
@@ -20,8 +20,13 @@ def _bars(ax, docs, lo: float, hi: float, t0: float, color_of: dict) -> None:
     min_w = (hi - lo) / 800
     for d in docs:
         written = d["written_realtime_ns"] * 1e-9
-        for e in entries(d):
+        es = sorted(entries(d), key=lambda e: e["start"])
+        for i, e in enumerate(es):
             end = e["end"] if e["end"] is not None else written
+            # A GPU backend sees an operation end late (NCCL: the watchdog's next poll): up to the lane's next
+            # operation, so the bars stay one after the other as the calls were.
+            if i + 1 < len(es):
+                end = min(end, max(es[i + 1]["start"], e["start"]))
             if end < lo or e["start"] > hi:
                 continue
             never = e["state"] in ("failed", "running")
@@ -66,12 +71,15 @@ def draw(docs: list, path: str):
     left.set_title(f"the last {len(before)} collectives before it", fontsize="small")
     right.set_title(f"{failed['op']} #{failed['seq']}, until the dumps", fontsize="small")
     have = {d["rank"] for d in docs}
+    absent = never_came(docs)
     states = docs[0].get("peer_states") or []
     for r in range(world):
         if r in have:
             continue
         st = states[r] if r < len(states) else None
         what = "no dump"
+        if st is None and r in absent:
+            what += f" (a timeout named it as never reaching #{failed['seq']})"
         if st is not None:
             what += (": dead" if st["exited"] else "") + f" (last completed #{st['done']}" + (
                 f", never entered #{failed['seq']})" if st["entered"] < failed["seq"] else ")")

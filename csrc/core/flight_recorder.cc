@@ -1,5 +1,7 @@
 #include "core/flight_recorder.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -20,6 +22,7 @@ const char* trace_state_name(TraceState s) {
     case TraceState::kDone: return "done";
     case TraceState::kFailed: return "failed";
     case TraceState::kMismatch: return "mismatch";
+    case TraceState::kCaptured: return "captured";
   }
   return "unknown";
 }
@@ -31,6 +34,12 @@ const char* trace_backend_name(TraceBackend b) {
     case TraceBackend::kCustom: return "custom";
   }
   return "unknown";
+}
+
+int64_t FlightRecorder::now_ns() noexcept {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 FlightRecorder::FlightRecorder(int capacity) : capacity_(capacity) {

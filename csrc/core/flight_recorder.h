@@ -5,7 +5,9 @@
 // operation here as it begins and ends, and the Python layer dumps the ring on a timeout (gpucoll/trace/).
 //
 // One writer, readers at any time: a backend begins and ends entries from the thread that runs its collectives
-// (NCCL's watchdog thread ends its entries), while a dump may read from any thread (torch's worker thread runs the
+// (NCCL's watchdog thread ends its entries: a different slot from any begin() of the owner, unless an operation stays
+// in flight while `capacity` later ones begin, when its end may land on the entry that reused its slot; ended
+// entries are never rewritten otherwise), while a dump may read from any thread (torch's worker thread runs the
 // collectives of a torch job; the main thread may ask). A mutex would cost two uncontended lock pairs per call;
 // instead every field is its own atomic word, stored relaxed (a plain store on x86 and ARM), and a slot carries a
 // version in the style of a seqlock: begin() makes it odd, writes the fields and makes it even again (release),
@@ -28,6 +30,7 @@ enum class TraceState : uint8_t {
   kDone = 2,
   kFailed = 3,    // raised: a timeout, a peer's failure (the communicator is broken), a call refused in step
   kMismatch = 4,  // the ranks' calls differed; the communicator stays usable
+  kCaptured = 5,  // recorded into a CUDA graph: it runs when the graph is launched, not now
 };
 const char* trace_state_name(TraceState s);
 
@@ -74,6 +77,9 @@ class FlightRecorder {
 
   // The last `last` entries (0: all held), oldest first; any thread.
   std::vector<TraceEntry> snapshot(int last = 0) const;
+
+  // CLOCK_MONOTONIC in nanoseconds: the clock of every entry (the host backend's waits read the same one).
+  static int64_t now_ns() noexcept;
 
  private:
   enum Word { kSeq, kSig0, kSig1, kSig2, kBytes, kEnqueue, kStart, kEnd, kDevStart, kDevEnd, kMeta, kWords };

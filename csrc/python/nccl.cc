@@ -101,6 +101,8 @@ void bind_comm(py::module_& m) {
             return c.p2p(ops, as_stream(stream), async_op);
           },
           py::arg("ops"), py::arg("stream"), py::arg("async_op") = false)
+      .def("trace", [](const NcclComm& c, int last) { return trace_dict(c.trace(), last); }, py::arg("last") = 0,
+           "The flight recorder's last `last` operations (0: every one it holds), oldest first.")
       .def("group_start", &NcclComm::group_start, py::call_guard<py::gil_scoped_release>())
       .def("group_end", &NcclComm::group_end, py::call_guard<py::gil_scoped_release>())
       .def("poll",

@@ -48,7 +48,12 @@ py::dict trace_dict(const FlightRecorder& rec, int last) {
       r["redop"] = e.sig.op == algo::kSigNone ? py::none() : py::object(py::str(redop_name(static_cast<RedOp>(e.sig.op))));
     }
     r["root"] = e.sig.root;  // a p2p batch: its one peer, -2 for several
-    r["algo"] = e.sig.algo < algos.size() ? py::object(py::str(algos[e.sig.algo]->name)) : py::none();
+    // NCCL picks its own algorithm and does not say which: "nccl", as Communicator.algorithm_for names it.
+    if (e.backend == TraceBackend::kNccl && !p2p) {
+      r["algo"] = "nccl";
+    } else {
+      r["algo"] = e.sig.algo < algos.size() ? py::object(py::str(algos[e.sig.algo]->name)) : py::none();
+    }
     r["bytes"] = e.bytes;
     r["backend"] = trace_backend_name(e.backend);
     r["state"] = trace_state_name(e.state);

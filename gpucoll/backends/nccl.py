@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import re
 import sys
@@ -25,7 +26,7 @@ import threading
 import time
 import weakref
 
-from gpucoll import _cuda_buffers, _log, _nccl, config
+from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._call_check import StoreCallCheck
 from gpucoll._native import _C
 from gpucoll.backends.base import Backend
@@ -120,9 +121,11 @@ def _copy_error(err: GpucollError) -> GpucollError:
 class NcclBackend:
     """The Communicator's implementation object for backend='nccl'."""
 
-    def __init__(self, comm, *, rank: int, world_size: int, device: int, store, prefix: str, timeout: float):
+    def __init__(self, comm, *, rank: int, world_size: int, device: int, store, prefix: str, timeout: float,
+                 trace_key: str = ""):
         global _atexit_registered
         self._comm = comm
+        self.trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -131,6 +134,7 @@ class NcclBackend:
         self._timeout = float(timeout)
         self._sum = _C.RedOp.sum
         self._error = None
+        self._failing = False  # _fail is writing the hang report of the first failure
         self._lock = threading.Lock()
         self._inflight = {}  # id(native Work) -> (native Work, objects it uses): async ops keep buffers alive
         self._scratch = None
@@ -165,8 +169,20 @@ class NcclBackend:
 
     def _fail(self, err: GpucollError) -> None:
         with self._lock:
-            if self._error is not None:
+            if self._error is not None or self._failing:
                 return
+            self._failing = True
+        # The hang report first (bounded: a quarter of the timeout, at most 10 s): every later raise of `err`, a
+        # synchronize() released by the abort below included, then carries where every rank is and the dump.
+        trace = getattr(self._comm, "trace", None)  # tests stand in for the native communicator without one
+        if isinstance(err, CollectiveTimeout) and trace is not None:
+            try:
+                flight_recorder.on_failure(flight_recorder.Source(
+                    self.rank, self.world_size, self._timeout, "nccl", trace, lambda: self.trace_key, lambda: None),
+                    self._store, err)
+            except Exception as e:  # noqa: BLE001 - the failure must be recorded and the communicator aborted
+                _log.warn(f"the flight recorder's report failed: {type(e).__name__}: {e}")
+        with self._lock:
             self._error = err  # set before the abort: a synchronize() released by the abort must see it
         _log.error(str(err))
         self._comm.abort(err.message)
@@ -321,8 +337,10 @@ class NcclBackend:
         return self._adopted(child, store, "ncclCommShrink")
 
     def _adopted(self, child, store, origin: str):
+        # The child's store is this one's under a prefix of its own (group.py): alike on the child's ranks only.
+        key = _trace_key(f"{self.trace_key}/{origin}/{getattr(store, '_prefix', '')}/{child.nranks}".encode())
         made = NcclBackend(child, rank=child.rank, world_size=child.nranks, device=self.device, store=store,
-                           prefix="gpucoll/nccl/0/", timeout=self._timeout)
+                           prefix="gpucoll/nccl/0/", timeout=self._timeout, trace_key=key)
         made.origin = origin
         return made
 
@@ -489,6 +507,12 @@ class Nccl(Backend):
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return "nccl"
 
+    def trace(self, last: int) -> dict:
+        return self.impl.native.trace(last)
+
+    def trace_key(self) -> str:
+        return self.impl.trace_key
+
     def can_split(self) -> bool:
         return self.impl.can_split()
 
@@ -536,7 +560,13 @@ def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
         _split_blocking(comm, launch, store, prefix, timeout)
     _log.debug(f"NCCL communicator: rank {launch.rank}/{launch.world_size} on cuda:{dev}")
     return NcclBackend(comm, rank=launch.rank, world_size=launch.world_size, device=dev, store=store, prefix=prefix,
-                       timeout=timeout)
+                       timeout=timeout, trace_key=_trace_key(bytes(uid)))
+
+
+def _trace_key(seed: bytes) -> str:
+    """A communicator's name in flight-recorder dumps: hashed from what its ranks share (NCCL's unique id, random),
+    as it goes into file names and store keys."""
+    return "nccl-" + hashlib.sha256(seed).hexdigest()[:16]
 
 
 def _split_blocking(comm, launch, store, prefix: str, timeout: float) -> None:

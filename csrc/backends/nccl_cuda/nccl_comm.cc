@@ -353,9 +353,15 @@ std::shared_ptr<Work> NcclComm::collective(const CollArgs& a, cudaStream_t strea
     settle(lib_.fn.ncclRedOpCreatePreMulSum(&op, scalar, to_nccl(a.dtype), ncclScalarHostImmediate, comm_),
            "ncclRedOpCreatePreMulSum", what);
   }
+  const uint64_t tid = trace_begin(
+      seq, algo::make_call_sig(static_cast<uint32_t>(seq), static_cast<int32_t>(a.coll),
+                               static_cast<int32_t>(a.dtype), a.premul ? algo::kSigPremulSum : static_cast<int32_t>(a.op),
+                               a.root, static_cast<int64_t>(a.count), -1, 0, false),
+      static_cast<int64_t>(a.count * dtype_size(a.dtype)));
   try {
     enqueue(a, op, s, what);
   } catch (...) {
+    trace_.end(tid, TraceState::kFailed, FlightRecorder::now_ns());
     if (a.premul && comm_ != nullptr) lib_.fn.ncclRedOpDestroy(op, comm_);
     throw;
   }
@@ -368,7 +374,11 @@ std::shared_ptr<Work> NcclComm::collective(const CollArgs& a, cudaStream_t strea
       lib_.fn.ncclRedOpDestroy(op, comm_);
     }
   }
-  return finish(seq, d, s, capturing, async_op);
+  return finish(seq, d, s, capturing, async_op, tid);
+}
+
+uint64_t NcclComm::trace_begin(uint64_t seq, const algo::CallSig& sig, int64_t bytes) {
+  return trace_.begin(seq, sig, bytes, TraceBackend::kNccl, FlightRecorder::now_ns(), 0);
 }
 
 std::shared_ptr<Work> NcclComm::p2p(const std::vector<P2PArgs>& ops, cudaStream_t stream, bool async_op) {
@@ -386,13 +396,28 @@ std::shared_ptr<Work> NcclComm::p2p(const std::vector<P2PArgs>& ops, cudaStream_
   const bool capturing = cuda::stream_is_capturing(stream);
   cudaStream_t s = (async_op && !capturing) ? fork_internal(stream) : stream;
   const uint64_t seq = issued_.fetch_add(1, std::memory_order_relaxed) + 1;
-  send_recv_group(ops, ncclUint8, 1, s, describe(d, seq));
-  return finish(seq, d, s, capturing, async_op);
+  algo::CallSig sig{};
+  sig.seq = static_cast<uint32_t>(seq);
+  sig.coll = kTraceP2P;
+  sig.count = static_cast<int64_t>(ops.size());
+  sig.root = ops.size() == 1 ? ops[0].peer : -2;
+  sig.dtype = sig.op = sig.algo = algo::kSigNone;
+  int64_t sent = 0;
+  for (const P2PArgs& op : ops) sent += op.send ? static_cast<int64_t>(op.bytes) : 0;
+  const uint64_t tid = trace_begin(seq, sig, sent);
+  try {
+    send_recv_group(ops, ncclUint8, 1, s, describe(d, seq));
+  } catch (...) {
+    trace_.end(tid, TraceState::kFailed, FlightRecorder::now_ns());
+    throw;
+  }
+  return finish(seq, d, s, capturing, async_op, tid);
 }
 
 std::shared_ptr<Work> NcclComm::finish(uint64_t seq, const OpDesc& d, cudaStream_t s, bool capturing,
-                                       bool async_op) {
+                                       bool async_op, uint64_t trace_id) {
   if (group_.depth > 0) {
+    group_.trace_ids.emplace_back(trace_id, s);
     if (group_.nops++ == 0) group_.first = d;
     group_.last_seq = seq;
     const auto used = std::make_pair(s, capturing);
@@ -405,6 +430,7 @@ std::shared_ptr<Work> NcclComm::finish(uint64_t seq, const OpDesc& d, cudaStream
     return w;
   }
   auto w = std::make_shared<Work>(seq, d);
+  w->trace_ids_.push_back(trace_id);
   track(w, s, capturing);
   return async_op ? w : nullptr;
 }
@@ -412,6 +438,7 @@ std::shared_ptr<Work> NcclComm::finish(uint64_t seq, const OpDesc& d, cudaStream
 void NcclComm::track(const std::shared_ptr<Work>& w, cudaStream_t s, bool capturing) {
   w->issued_ = Clock::now();
   if (capturing) {
+    for (uint64_t id : w->trace_ids_) trace_.end(id, TraceState::kCaptured, FlightRecorder::now_ns());
     w->state_.store(Work::State::kCaptured, std::memory_order_release);
     return;
   }
@@ -461,6 +488,7 @@ void NcclComm::group_end() {
   try {
     settle(r, "ncclGroupEnd", what);
   } catch (...) {
+    for (const auto& [id, us] : g.trace_ids) trace_.end(id, TraceState::kFailed, FlightRecorder::now_ns());
     if (comm_ != nullptr) {
       for (ncclRedOp_t op : g.premul_ops) lib_.fn.ncclRedOpDestroy(op, comm_);
     }
@@ -471,6 +499,9 @@ void NcclComm::group_end() {
   // One completion event per stream the group used; async Works on that stream share it.
   for (const auto& [s, capturing] : g.streams) {
     auto w = std::make_shared<Work>(g.last_seq, gd);
+    for (const auto& [id, us] : g.trace_ids) {
+      if (us == s) w->trace_ids_.push_back(id);
+    }
     track(w, s, capturing);
     for (auto& [uw, us] : g.works) {
       if (us != s) continue;

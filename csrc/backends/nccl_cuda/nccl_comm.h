@@ -34,6 +34,8 @@
 #include "algo/schedule.h"
 #include "backends/nccl/nccl_api.h"
 #include "backends/nccl/nccl_loader.h"
+#include "core/config.h"
+#include "core/flight_recorder.h"
 #include "core/types.h"
 
 namespace gpucoll::nccl {
@@ -92,6 +94,7 @@ class Work {
   std::shared_ptr<Event> event_;
   std::atomic<bool> done_{false};
   Clock::time_point issued_ = Clock::now();
+  std::vector<uint64_t> trace_ids_;  // the flight-recorder entries it completes (a group's: every operation's)
 };
 
 struct CollArgs {
@@ -189,6 +192,8 @@ class NcclComm {
   // Test hook: false makes all_to_all/gather/scatter take the grouped send/recv path even on NCCL >= 2.28,
   // so that the path older NCCLs need is exercised on whatever NCCL the test machine has.
   void set_prefer_native(bool prefer) { prefer_native_ = prefer; }
+  // This rank's last operations (core/flight_recorder.h; GPUCOLL_TRACE_BUFFER entries).
+  const FlightRecorder& trace() const { return trace_; }
 
  private:
   enum State : int { kOpen = 0, kAborted = 1, kClosed = 2 };
@@ -203,6 +208,7 @@ class NcclComm {
     std::vector<std::pair<std::shared_ptr<Work>, cudaStream_t>> works;  // async Works waiting for group_end
     std::vector<std::pair<cudaStream_t, bool>> streams;                 // (stream, capturing) used in the group
     std::vector<ncclRedOp_t> premul_ops;                                // destroyed once the group ended
+    std::vector<std::pair<uint64_t, cudaStream_t>> trace_ids;           // its operations' recorder entries
   };
 
   // Adopts a communicator NCCL made from this one (split): polls it ready, reads its rank and size.
@@ -225,7 +231,12 @@ class NcclComm {
   void send_recv_group(const std::vector<P2PArgs>& ops, ncclDataType_t dt, size_t es, cudaStream_t s,
                        const std::string& what);
   // Records completion (outside groups) or defers it to group_end; returns the Work for async_op.
-  std::shared_ptr<Work> finish(uint64_t seq, const OpDesc& d, cudaStream_t s, bool capturing, bool async_op);
+  std::shared_ptr<Work> finish(uint64_t seq, const OpDesc& d, cudaStream_t s, bool capturing, bool async_op,
+                               uint64_t trace_id);
+  // The operation's flight-recorder entry, begun when it is enqueued. NCCL says nothing of when a kernel starts
+  // (the entry's start stays 0), and its end is when the watchdog's poll (or close) found the event complete:
+  // within GPUCOLL_NCCL_WATCHDOG_MS of the real end.
+  uint64_t trace_begin(uint64_t seq, const algo::CallSig& sig, int64_t bytes);
   void track(const std::shared_ptr<Work>& w, cudaStream_t s, bool capturing);
   void abort_locked(const std::string& why) noexcept;
   bool drained();  // every tracked operation finished (close() of a blocking communicator)
@@ -248,6 +259,7 @@ class NcclComm {
   bool prefer_native_ = true;
   std::string reason_;  // why unusable (set once, before state_ leaves kOpen)
   std::atomic<uint64_t> issued_{0};
+  FlightRecorder trace_{static_cast<int>(config_int("GPUCOLL_TRACE_BUFFER"))};
   cudaStream_t internal_ = nullptr;
   void* scratch_ = nullptr;
   Group group_;

@@ -46,6 +46,7 @@ PollResult NcclComm::poll() {
       }
       if (done) {
         out.completed.push_back(p.work->seq());
+        for (uint64_t id : p.work->trace_ids_) trace_.end(id, TraceState::kDone, FlightRecorder::now_ns());
         continue;
       }
       if (!out.pending) {
@@ -99,6 +100,15 @@ void NcclComm::abort_locked(const std::string& why) noexcept {
     // NCCL's open group on the owning thread still refers to the communicator: abort once it ended.
     deferred_abort_ = true;
     return;
+  }
+  {
+    // What is still in flight will never complete: the flight recorder says so before the abort releases the
+    // threads waiting for it, which may read the recorder at once (a hang report).
+    std::lock_guard<std::mutex> lock(pend_mu_);
+    const int64_t now = FlightRecorder::now_ns();
+    for (Pending& p : pending_) {
+      for (uint64_t id : p.work->trace_ids_) trace_.end(id, TraceState::kFailed, now);
+    }
   }
   ncclComm_t c = nullptr;
   {

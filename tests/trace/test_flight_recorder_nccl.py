@@ -1,0 +1,109 @@
+"""The flight recorder on the NCCL backend, on a GPU or on the emulated device's NCCL stand-in: every call recorded
+as it is enqueued and ended when its event completes, and a rank that never issues a collective turned into a
+hang report by the watchdog (the dump, where every rank is) on the ranks that waited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import gpu_arrays
+import numpy as np
+import pytest
+
+import gpucoll
+from gpucoll.errors import CollectiveTimeout
+from gpucoll.testing import DeviceArray
+
+pytestmark = [pytest.mark.spawns, pytest.mark.gpu]
+
+
+def _device_array(comm, values):
+    return DeviceArray.from_host(values, device=int(comm.device.split(":")[1]))
+
+
+def _entries_worker(comm):
+    x = _device_array(comm, np.arange(16, dtype=np.float32))
+    comm.all_reduce(x)
+    comm.broadcast(_device_array(comm, np.zeros(5, np.int32)), root=1)
+    comm.barrier()
+    peer = 1 - comm.rank
+    with comm.group():
+        comm.send(_device_array(comm, np.zeros(3, np.uint8)), peer)
+        comm.recv(_device_array(comm, np.zeros(3, np.uint8)), peer)
+    comm.all_reduce(x, async_op=True).synchronize()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the watchdog ends entries at its next poll after the event completed
+        es = comm.trace()["entries"]
+        if all(e["state"] == "done" for e in es):
+            break
+        time.sleep(0.05)
+    return comm.trace()
+
+
+def test_nccl_records_every_call_with_its_issue_and_completion():
+    gpu_arrays.require_nccl_ranks(2)
+    for rank, t in enumerate(gpucoll.spawn(_entries_worker, 2, backend="nccl", timeout=60)):
+        es = t["entries"]
+        got = [(e["op"], e["seq"], e["count"], e["dtype"], e["root"], e["bytes"], e["state"], e["algo"]) for e in es]
+        want = [("all_reduce", 1, 16, "float32", -1, 64, "done", "nccl"),
+                ("broadcast", 2, 5, "int32", 1, 20, "done", "nccl"),
+                ("all_reduce", 3, 1, "int32", -1, 4, "done", "nccl"),  # the barrier: one int32 all_reduce
+                ("p2p", 4, 1, None, 1 - rank, 3, "done", None),
+                ("p2p", 5, 1, None, 1 - rank, 0, "done", None),
+                ("all_reduce", 6, 16, "float32", -1, 64, "done", "nccl")]
+        assert got == want, (rank, got)
+        assert {e["backend"] for e in es} == {"nccl"}
+        for e in es:
+            assert e["start_ns"] == 0 and 0 < e["enqueue_ns"] <= e["end_ns"], e  # NCCL does not say when it starts
+
+
+def _missing_worker(comm):
+    x = _device_array(comm, np.ones(16, np.float32))
+    for _ in range(3):
+        comm.all_reduce(x)
+    comm.barrier()
+    if comm.rank == 1:
+        comm._store.get("test/trace/seen", timeout=60.0)  # until rank 0 has its report
+        comm.abort()
+        return None
+    try:
+        comm.all_reduce(x, async_op=True).synchronize()
+        return {"error": None}
+    except CollectiveTimeout as e:
+        first = e
+    try:
+        comm.all_reduce(x)
+        again = None
+    except CollectiveTimeout as e:
+        again = e
+    comm._store.set("test/trace/seen", b"1")
+    return {"error": str(first), "ranks": first.ranks, "file": first.trace_file,
+            "again": None if again is None else (str(again) == str(first), again.trace_file)}
+
+
+def test_a_rank_that_never_issues_a_collective_gets_a_hang_report_on_nccl(tmp_path, monkeypatch):
+    gpu_arrays.require_nccl_ranks(2)
+    monkeypatch.setenv("GPUCOLL_TRACE_DIR", str(tmp_path))
+    out = gpucoll.spawn(_missing_worker, 2, backend="nccl", timeout=3.0)[0]
+    msg = out["error"]
+    assert msg is not None and out["ranks"] == (1,), out
+    assert "all_reduce #5" in msg and "ranks that had not reached operation #5: [1]" in msg, msg
+    assert "where every rank is: rank 0 has waited in all_reduce #5 for up to" in msg, msg
+    assert "rank 1 sent no report (dead, stopped, or not in all_reduce #5)" in msg, msg
+    path = out["file"]
+    assert path and os.path.dirname(path) == str(tmp_path) and f"Flight recorder: {path}" in msg
+    assert out["again"] == (True, path)  # a later call raises the same report, dumped once
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["backend"] == "nccl" and doc["failed"] == {"op": "all_reduce", "seq": 5}
+    assert [e["state"] for e in doc["trace"]["entries"]] == ["done"] * 4 + ["running"]
+    cli = subprocess.run([sys.executable, "-m", "gpucoll", "trace", path], check=False, capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    row = next(line for line in cli.stdout.splitlines() if line.split()[:2] == ["5", "all_reduce"])
+    assert row.split()[-1] == "-" and "RUNNING" in row, cli.stdout  # rank 1, named by the timeout
