@@ -50,17 +50,28 @@ from gpucoll.torch.process_group import BACKEND_NAME, ProcessGroupGpucoll, creat
 from gpucoll.torch.work import Work
 
 __all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "Work", "allreduce_hook", "bf16_compress_hook", "create",
-           "fp16_compress_hook", "register", "stragglers"]
+           "dump_trace", "fp16_compress_hook", "register", "stragglers"]
 
 
 def stragglers(group=None, device="cpu", reset: bool = False):
     """Who arrives late at this group's collectives on `device`'s tensors (gpucoll.Communicator.stragglers(): each
     rank's lateness at the last 1000 collectives, and how often it arrived last). `group`: a process group whose
     backend for `device` is gpucoll (default: the default group). Local: no communication."""
+    return _backend_of(group, device).stragglers(device, reset)
+
+
+def dump_trace(group=None, device="cpu", path=None) -> str:
+    """Writes this rank's flight recorder of the group's communicator for `device`'s tensors to `path` (default:
+    GPUCOLL_TRACE_DIR or the temporary directory) and returns the path (Communicator.dump_trace()). Local: every
+    rank dumps its own; python -m gpucoll trace merges the files."""
+    return _backend_of(group, device).dump_trace(device, path)
+
+
+def _backend_of(group, device) -> ProcessGroupGpucoll:
     pg = (group if group is not None else dist.group.WORLD)._get_backend(torch.device(device))
     if not isinstance(pg, ProcessGroupGpucoll):
         raise InvalidArgument(f"this group runs {device} tensors on {type(pg).__name__}, not on gpucoll")
-    return pg.stragglers(device, reset)
+    return pg
 
 
 def register() -> None:

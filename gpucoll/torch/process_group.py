@@ -187,15 +187,23 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
         return comm
 
-    def stragglers(self, device="cpu", reset: bool = False):
-        """Communicator.stragglers() of the communicator this group runs `device`'s tensors on. Local (not
-        collective): the communicator must exist already, i.e. the group ran a collective on such tensors."""
+    def _comm_for(self, device):
         device = torch.device(device)
         key = "cpu" if device.type == "cpu" else f"cuda:{device.index if device.index is not None else 0}"
         comm = self._comms.get(key)
         if comm is None:
             raise InvalidUsage(f"no collective has run on {key} tensors in this group yet: nothing was measured")
-        return comm.stragglers(reset)
+        return comm
+
+    def stragglers(self, device="cpu", reset: bool = False):
+        """Communicator.stragglers() of the communicator this group runs `device`'s tensors on. Local (not
+        collective): the communicator must exist already, i.e. the group ran a collective on such tensors."""
+        return self._comm_for(device).stragglers(reset)
+
+    def dump_trace(self, device="cpu", path=None) -> str:
+        """Communicator.dump_trace() of the communicator this group runs `device`'s tensors on: its flight recorder
+        written to a file (the path is returned). Local, like stragglers()."""
+        return self._comm_for(device).dump_trace(path)
 
     @contextlib.contextmanager
     def _first_operation(self, store, key: str, what: str | None):

@@ -162,13 +162,21 @@ def _torch_worker(rank, world_size):
             time.sleep(DELAY)
         dist.all_reduce(t)
     s = gpucoll.torch.stragglers()
-    return early, s.samples, s.slowest().rank, s.ranks[1].median_s
+    path = gpucoll.torch.dump_trace(path=os.path.join(os.environ["TRACE_TMP"], f"r{rank}.json"))
+    return early, s.samples, s.slowest().rank, s.ranks[1].median_s, path
 
 
-def test_torch_jobs_read_the_groups_stragglers():
+def test_torch_jobs_read_the_groups_stragglers_and_dump_its_recorder(tmp_path, monkeypatch):
     helpers.require("torch.distributed")
+    monkeypatch.setenv("TRACE_TMP", str(tmp_path))
     results = torch_ranks.run(_torch_worker, 3, backend="gpucoll")
-    for early, samples, slowest, median in results:
+    for early, samples, slowest, median, _ in results:
         assert "no collective has run on cpu tensors in this group yet" in early, early
         assert samples >= 10 and slowest == 1, (samples, slowest)
         assert abs(median - DELAY) <= 0.2 * DELAY, median
+    cli = subprocess.run([sys.executable, "-m", "gpucoll", "trace", *(r[-1] for r in results)], check=False,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    lines = cli.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("stragglers over the"))
+    assert lines[head + 2].split()[0] == "1", cli.stdout  # the rank that slept is the first row, last most often
