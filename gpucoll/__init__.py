@@ -36,6 +36,7 @@ __all__ = [
     "__version__",
     "errors",
     "init",
+    "init_from_store",
     "join",
     "premul_sum",
     "spawn",
@@ -50,10 +51,14 @@ def __getattr__(name):
         from gpucoll.group import Group
 
         return Group
-    if name in ("init", "join", "Communicator"):
-        from gpucoll import communicator
+    if name == "Communicator":
+        from gpucoll.communicator import Communicator
 
-        return getattr(communicator, name)
+        return Communicator
+    if name in ("init", "init_from_store", "join"):
+        from gpucoll import _make
+
+        return getattr(_make, name)
     if name in ("premul_sum", "Work"):
         from gpucoll.backends import work
 

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from gpucoll import _timeout
+from gpucoll._make import init
 from gpucoll.backends import custom, nccl
 from gpucoll.bootstrap.store import new_secret
-from gpucoll.communicator import init
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, RemoteError
 
 

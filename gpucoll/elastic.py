@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from gpucoll.communicator import join as gpucoll_join
+from gpucoll._make import join as gpucoll_join
 from gpucoll.errors import CollectiveTimeout, RemoteError
 
 FAILURES = (CollectiveTimeout, RemoteError)

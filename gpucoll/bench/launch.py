@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
+from gpucoll._make import init_from_store
 from gpucoll._native import _C
 from gpucoll.backends import nccl
 from gpucoll.bench.usage import UsageError
 from gpucoll.bootstrap.external import launcher_store
-from gpucoll.communicator import init_from_store
 from gpucoll.errors import Unsupported
 
 

@@ -24,7 +24,8 @@ import threading
 import torch
 import torch.distributed as dist
 
-from gpucoll.communicator import Communicator, init
+from gpucoll._make import init
+from gpucoll.communicator import Communicator
 from gpucoll.errors import InvalidArgument
 from gpucoll.torch._worker import Worker
 

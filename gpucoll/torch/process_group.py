@@ -40,7 +40,7 @@ import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 from gpucoll import _log
-from gpucoll.communicator import init_from_store
+from gpucoll._make import init_from_store
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
 from gpucoll.torch._alltoall import AllToAllMixin
 from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds

@@ -22,7 +22,7 @@ import pytest
 
 import gpucoll
 from gpucoll import _C
-from gpucoll.communicator import init_from_store
+from gpucoll._make import init_from_store
 from gpucoll.errors import InvalidArgument
 from gpucoll.testing import DeviceArray, virtual_ranks
 

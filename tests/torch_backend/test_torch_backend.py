@@ -560,7 +560,7 @@ def test_init_from_store():
     """The communicator the backend builds: from a torch Store, rank and size (one rank here, in this process)."""
     import numpy as np
 
-    from gpucoll.communicator import init_from_store
+    from gpucoll._make import init_from_store
     from gpucoll.errors import InvalidArgument
 
     store = dist.HashStore()
