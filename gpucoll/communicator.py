@@ -181,7 +181,9 @@ class Communicator:
 
     def stragglers(self, reset: bool = False) -> Stragglers:
         """Each rank's lateness at the last 1000 collectives, and how often it arrived last (gpucoll/stragglers.py):
-        who sets everyone's pace. Local and free: no communication. reset=True empties the window after reading."""
+        who sets everyone's pace. reset=True empties the window after reading. The host backend measures every
+        collective where it compares the calls (local and free); the NCCL backend compares enqueue times, reading the
+        peers' published samples from the store (not collective: any rank may ask at any time)."""
         self._check_open("stragglers")
         return Stragglers.from_native(self._ops.stragglers(bool(reset)))
 

@@ -158,6 +158,9 @@ def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: d
     operation), and which ranks have waited in it and for how long. `states`: the backend's view of every rank
     (HostComm.peer_states) or None, in which case a rank that sent no tail is only said to be silent."""
     seq, label = failed["seq"], f"{failed['op']} #{failed['seq']}"
+    if failed["op"] == "p2p":
+        return (f"this rank's sends and receives (batch #{seq}) failed; ranks number such batches apart, so whether "
+                f"the peers were in the matching ones is in their dumps, not here")
     parts, waited, silent = [], {}, []
     for r in range(world_size):
         st = states[r] if states else None
@@ -168,7 +171,8 @@ def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: d
         if r == rank:
             waited[r] = (now_real_ns - failed["start_real_ns"]) * 1e-9
             continue
-        entry = next((e for e in (tail or {}).get("tail", []) if e["seq"] == seq and e["op"] == failed["op"]), None)
+        entry = next((e for e in (tail or {}).get("tail", [])
+                      if e["coll_seq"] == failed["coll_seq"] and e["op"] == failed["op"]), None)
         if entry is not None:
             waited[r] = (now_real_ns - start_ns(entry) - tail["realtime_minus_monotonic_ns"]) * 1e-9
         elif st is not None:
@@ -231,7 +235,7 @@ def on_failure(src: Source, store, err: GpucollError) -> None:
     doc = {"format": FORMAT, "version": VERSION, "rank": rank, "world_size": world_size, "backend": src.backend,
            "communicator": key, "host": mine["host"], "pid": mine["pid"], "written_realtime_ns": now_real,
            "error": {"type": type(err).__name__, "message": err.message, "ranks": list(err.ranks)},
-           "failed": {"op": failed["op"], "seq": failed["seq"]}, "summary": summary,
+           "failed": {"op": failed["op"], "seq": failed["seq"], "coll_seq": failed["coll_seq"]}, "summary": summary,
            "peer_states": states, "peers": {str(r): v for r, v in sorted(peers.items())},
            "exchange": {"published": bool(box.get("published")), "error": box.get("error"),
                         "heard_from": sorted(peers)},

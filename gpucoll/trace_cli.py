@@ -55,8 +55,8 @@ def report(docs: list, around: int = 8) -> str:
     states = next((d["peer_states"] for d in docs if d["failed"] and d.get("peer_states")), None) \
         or first.get("peer_states") or []
     out.append("")
-    out.append(f"the last {len(shown)} collectives: each rank's arrival after the first rank's, in ms (* last to "
-               f"arrive; FAILED / RUNNING: never completed there; - not entered; ? no dump)")
+    out.append(f"the last {len(shown)} collectives (numbered among collectives), each rank's arrival after the first "
+               f"rank's, in ms (* last to arrive; FAILED / RUNNING: never completed there; - not entered; ? no dump)")
     head = f"  {'#':>6}  {'op':<14} {'size':>10}  {'algo':<18}" + "".join(f"{'rank ' + str(r):>14}" for r in range(world))
     out.append(head)
     for key in shown:
@@ -71,7 +71,7 @@ def report(docs: list, around: int = 8) -> str:
             if e is None:
                 st = states[r] if r < len(states) else None
                 absent = st["entered"] < key[0] if st is not None else failed is not None and r in absent_ranks \
-                    and key == (failed["seq"], failed["op"])
+                    and key == (failed["coll_seq"], failed["op"])
                 cells.append("-" if absent else "?")
                 continue
             cell = f"{(e['start'] - t0) * 1e3:.3f}"

@@ -52,13 +52,14 @@ def entries(doc: dict) -> list:
 
 
 def collectives(docs: list) -> dict:
-    """{(seq, op): {rank: entry}} over every collective in the dumps (point-to-point batches are numbered per rank,
-    not across ranks, so they stay out)."""
+    """{(coll_seq, op): {rank: entry}} over every collective in the dumps: collectives are numbered alike on every
+    rank (coll_seq; NCCL's seq counts sends and receives too, which ranks make in different numbers), point-to-point
+    batches are not, so they stay out."""
     table: dict = {}
     for d in docs:
         for e in entries(d):
             if e["op"] != "p2p":
-                table.setdefault((e["seq"], e["op"]), {})[d["rank"]] = e
+                table.setdefault((e["coll_seq"], e["op"]), {})[d["rank"]] = e
     return table
 
 

@@ -30,7 +30,7 @@ def _bars(ax, docs, lo: float, hi: float, t0: float, color_of: dict) -> None:
             if end < lo or e["start"] > hi:
                 continue
             never = e["state"] in ("failed", "running")
-            face = "white" if never else "0.75" if e["op"] == "p2p" else color_of.get((e["seq"], e["op"]), "0.5")
+            face = "white" if never else "0.75" if e["op"] == "p2p" else color_of.get((e["coll_seq"], e["op"]), "0.5")
             ax.barh(d["rank"], max(end - e["start"], min_w) * 1e3, left=(e["start"] - t0) * 1e3, height=0.6, color=face,
                     edgecolor="red" if never else face, hatch="//" if never else None, linewidth=1.2 if never else 0)
 
@@ -50,8 +50,9 @@ def draw(docs: list, path: str):
     keys = sorted(table)
     # A running job's dumps (no failure): the last collective stands where the failed one would.
     failed = next((d["failed"] for d in docs if d["failed"]), None) or \
-        ({"op": keys[-1][1], "seq": keys[-1][0]} if keys else {"op": "-", "seq": 0})
-    fkey = (failed["seq"], failed["op"])
+        ({"op": keys[-1][1], "seq": keys[-1][0], "coll_seq": keys[-1][0]} if keys else
+         {"op": "-", "seq": 0, "coll_seq": 0})
+    fkey = (failed["coll_seq"], failed["op"])
     before = [k for k in keys if k < fkey][-_SHOWN:]
     t_fail = min((e["start"] for e in table.get(fkey, {}).values()), default=end_all)
     t_lo = min((e["start"] for k in before for e in table[k].values()), default=t_fail - 1e-3)

@@ -33,6 +33,7 @@ class StragglerWindow {
   int64_t add(const int64_t* arrival_ns);
   void clear();
   int capacity() const { return capacity_; }
+  int nranks() const { return nranks_; }
   struct Snapshot {
     int64_t samples = 0;  // collectives held (at most capacity)
     int64_t total = 0;    // collectives added since construction or clear()

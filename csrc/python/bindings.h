@@ -8,6 +8,7 @@
 
 namespace gpucoll {
 class FlightRecorder;
+class StragglerWindow;
 }
 
 namespace gpucoll::python {
@@ -58,5 +59,9 @@ void bind_custom(pybind11::module_& m);
 
 // trace.cc: a flight recorder's last `last` entries (0: all) with both clocks, as a dict that is JSON as it stands.
 pybind11::dict trace_dict(const FlightRecorder& rec, int last);
+// trace.cc: a straggler window's statistics (gpucoll/stragglers.py reads them), and the window itself for backends
+// that gather arrival times in Python (the NCCL backend's sampled enqueue times).
+pybind11::dict straggler_dict(const StragglerWindow& w);
+void bind_trace(pybind11::module_& m);
 
 }  // namespace gpucoll::python

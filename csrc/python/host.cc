@@ -164,27 +164,7 @@ void bind_host(py::module_& m) {
       .def(
           "stragglers",
           [](HostComm& c, bool reset) {
-            const StragglerWindow& w = c.stragglers();
-            const StragglerWindow::Snapshot snap = w.stats();
-            py::list ranks;
-            int r = 0;
-            for (const RankLateness& s : snap.ranks) {
-              py::dict row;
-              row["rank"] = r++;
-              row["median_s"] = s.median_s;
-              row["p90_s"] = s.p90_s;
-              row["max_s"] = s.max_s;
-              row["last"] = s.last;
-              row["last_share"] = snap.samples > 0 ? static_cast<double>(s.last) / static_cast<double>(snap.samples)
-                                                   : 0.0;
-              ranks.append(row);
-            }
-            py::dict out;
-            out["samples"] = snap.samples;
-            out["window"] = w.capacity();
-            out["total"] = snap.total;
-            out["ranks"] = ranks;
-            out["summary"] = StragglerWindow::summary(snap);
+            py::dict out = straggler_dict(c.stragglers());
             if (reset) c.clear_stragglers();
             return out;
           },

@@ -5,6 +5,7 @@ PYBIND11_MODULE(_C, m) {
   gpucoll::python::bind_errors(m);
   gpucoll::python::bind_core(m);
   gpucoll::python::bind_host(m);
+  gpucoll::python::bind_trace(m);
   gpucoll::python::bind_algo(m);
   gpucoll::python::bind_runtime(m);
   gpucoll::python::bind_nccl(m);

@@ -1,9 +1,13 @@
-// The flight recorder as Python sees it (core/flight_recorder.h): plain dicts, names instead of ids, so a dump is
-// JSON as it stands and readable without gpucoll (gpucoll/trace/ writes and reads it).
+// The flight recorder and the straggler window as Python sees them (core/flight_recorder.h, core/stragglers.h): plain
+// dicts, names instead of ids, so a dump is JSON as it stands and readable without gpucoll
+// (gpucoll/flight_recorder.py writes it).
+#include <pybind11/stl.h>
 #include <time.h>
 
 #include "algo/registry.h"
+#include "core/error.h"
 #include "core/flight_recorder.h"
+#include "core/stragglers.h"
 #include "core/types.h"
 #include "python/bindings.h"
 
@@ -39,6 +43,9 @@ py::dict trace_dict(const FlightRecorder& rec, int last) {
     const bool barrier = e.sig.coll == algo::kSigBarrier;
     r["id"] = e.id;
     r["seq"] = e.seq;
+    // The collective's number among the collectives alone (the host backend's seq; NCCL's seq counts sends and
+    // receives too): the same on every rank for the same collective. None for a point-to-point batch.
+    r["coll_seq"] = p2p ? py::none() : py::object(py::int_(e.sig.seq));
     r["op"] = op_name(e.sig.coll);
     r["count"] = e.sig.count;
     r["dtype"] = p2p || barrier ? py::none() : py::object(py::str(dtype_name(static_cast<DType>(e.sig.dtype))));
@@ -75,6 +82,44 @@ py::dict trace_dict(const FlightRecorder& rec, int last) {
   out["realtime_ns"] = real;
   out["entries"] = rows;
   return out;
+}
+
+py::dict straggler_dict(const StragglerWindow& w) {
+  const StragglerWindow::Snapshot snap = w.stats();
+  py::list ranks;
+  int r = 0;
+  for (const RankLateness& s : snap.ranks) {
+    py::dict row;
+    row["rank"] = r++;
+    row["median_s"] = s.median_s;
+    row["p90_s"] = s.p90_s;
+    row["max_s"] = s.max_s;
+    row["last"] = s.last;
+    row["last_share"] = snap.samples > 0 ? static_cast<double>(s.last) / static_cast<double>(snap.samples) : 0.0;
+    ranks.append(row);
+  }
+  py::dict out;
+  out["samples"] = snap.samples;
+  out["window"] = w.capacity();
+  out["total"] = snap.total;
+  out["ranks"] = ranks;
+  out["summary"] = StragglerWindow::summary(snap);
+  return out;
+}
+
+void bind_trace(py::module_& m) {
+  py::class_<StragglerWindow>(m, "StragglerWindow")
+      .def(py::init<int, int>(), py::arg("nranks"), py::arg("capacity"))
+      .def(
+          "add",
+          [](StragglerWindow& w, const std::vector<int64_t>& arrival_ns) {
+            GPUCOLL_CHECK_ARG(static_cast<int>(arrival_ns.size()) == w.nranks(), "arrival_ns needs one time per rank (",
+                              w.nranks(), "); got ", arrival_ns.size());
+            return w.add(arrival_ns.data());
+          },
+          py::arg("arrival_ns"), "One collective: every rank's arrival time in nanoseconds of one clock.")
+      .def("stats", &straggler_dict, "The window's statistics, as Communicator.stragglers() reports them.")
+      .def("clear", &StragglerWindow::clear);
 }
 
 }  // namespace gpucoll::python

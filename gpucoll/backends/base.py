@@ -108,7 +108,7 @@ class Backend(abc.ABC):
 
     def stragglers(self, reset: bool) -> dict:
         """Per-rank lateness at recent collectives (csrc/core/stragglers.h), as the native window reports it."""
-        raise Unsupported(f"stragglers() is measured on the host backend only so far; the {self.name} backend does "
+        raise Unsupported(f"stragglers() is measured on the host and nccl backends; the {self.name} backend does "
                           f"not compare arrival times yet")
 
     def trace(self, last: int) -> dict:

@@ -351,6 +351,10 @@ class Custom(nccl.Nccl):
     def trace_key(self) -> str:
         raise Unsupported("the custom backend has no flight recorder yet")
 
+    def stragglers(self, reset: bool) -> dict:
+        raise Unsupported("stragglers() is measured on the host and nccl backends; the custom backend's kernels do not "
+                          "record arrival times yet")
+
 
 def _shared_gpu_problems(places) -> list:
     """Why NCCL cannot run beside the custom kernels on these ranks' (host, GPU) places: [] or one sentence."""

@@ -205,7 +205,7 @@ def test_a_timeout_says_where_the_missing_rank_is_and_dumps_every_surviving_rank
         files.add(path)
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-        assert doc["rank"] == r and doc["failed"] == {"op": "all_reduce", "seq": 4}
+        assert doc["rank"] == r and doc["failed"] == {"op": "all_reduce", "seq": 4, "coll_seq": 4}
         assert doc["trace"]["entries"][-1]["state"] == "failed"
         assert sorted(doc["exchange"]["heard_from"]) == others, doc["exchange"]
     assert len(files) == len(others) and len({os.path.basename(f).rsplit("-rank", 1)[0] for f in files}) == 1

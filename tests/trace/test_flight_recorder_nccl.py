@@ -100,10 +100,74 @@ def test_a_rank_that_never_issues_a_collective_gets_a_hang_report_on_nccl(tmp_pa
     assert out["again"] == (True, path)  # a later call raises the same report, dumped once
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
-    assert doc["backend"] == "nccl" and doc["failed"] == {"op": "all_reduce", "seq": 5}
+    assert doc["backend"] == "nccl" and doc["failed"] == {"op": "all_reduce", "seq": 5, "coll_seq": 5}
     assert [e["state"] for e in doc["trace"]["entries"]] == ["done"] * 4 + ["running"]
     cli = subprocess.run([sys.executable, "-m", "gpucoll", "trace", path], check=False, capture_output=True,
                          text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     row = next(line for line in cli.stdout.splitlines() if line.split()[:2] == ["5", "all_reduce"])
     assert row.split()[-1] == "-" and "RUNNING" in row, cli.stdout  # rank 1, named by the timeout
+
+
+DELAY = 0.2
+
+
+def _late_worker(comm):
+    """Rank 1 computes DELAY longer before every tenth all_reduce; each step waits for its all_reduce (as a training
+    step that reads its loss does), so the ranks' enqueue times are comparable step by step. The window is read
+    until it holds the calls made since the last reset (the peers' samples reach the store with their watchdog's
+    next publish, at most every 0.5 s), the delayed call alone as in the host backend's test."""
+    x = _device_array(comm, np.ones(64, np.float32))
+
+    def measured(n):
+        deadline = time.monotonic() + 10
+        while comm.stragglers().samples < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return comm.stragglers(reset=True)
+
+    delayed = []
+    for rnd in range(3):
+        for _ in range(9):
+            comm.all_reduce(x, async_op=True).synchronize()
+        measured(9 if rnd == 0 else 10)  # the previous round's barrier too
+        if comm.rank == 1:
+            time.sleep(DELAY)
+        comm.all_reduce(x, async_op=True).synchronize()
+        s = measured(1)
+        delayed.append((s.samples, s.slowest().rank if s.samples else None, s.ranks[1].median_s, s.ranks[1].last))
+        comm.barrier()  # neither rank leaves (and stops publishing) while the other still reads its samples
+    return delayed
+
+
+def test_nccl_stragglers_name_the_late_rank_from_the_sampled_enqueue_times():
+    gpu_arrays.require_nccl_ranks(2)
+    for rank, delayed in enumerate(gpucoll.spawn(_late_worker, 2, backend="nccl", timeout=60)):
+        assert len(delayed) == 3, delayed
+        for samples, slowest, late, last in delayed:
+            assert (samples, slowest, last) == (1, 1, 1), (rank, delayed)
+            assert abs(late - DELAY) <= 0.2 * DELAY, (rank, delayed)
+
+
+def _uneven_p2p_worker(comm):
+    """Ranks 0 and 1 exchange a message that rank 2 takes no part in, so NCCL numbers the later collectives two
+    apart on rank 2; then rank 2 is late once. The collectives must still be matched as the same calls."""
+    x = _device_array(comm, np.ones(8, np.float32))
+    if comm.rank < 2:
+        buf = _device_array(comm, np.zeros(4, np.uint8))
+        (comm.send if comm.rank == 0 else comm.recv)(buf, 1 - comm.rank)
+    for step in range(5):
+        if comm.rank == 2 and step == 2:
+            time.sleep(DELAY)
+        comm.all_reduce(x, async_op=True).synchronize()
+    deadline = time.monotonic() + 10
+    while comm.stragglers().samples < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    s = comm.stragglers()
+    comm.barrier()
+    return s.samples, s.ranks[2].max_s, s.ranks[2].last
+
+
+def test_nccl_stragglers_match_collectives_not_operation_numbers():
+    gpu_arrays.require_nccl_ranks(3)
+    for samples, late, last in gpucoll.spawn(_uneven_p2p_worker, 3, backend="nccl", timeout=60):
+        assert samples == 5 and last >= 1 and abs(late - DELAY) <= 0.2 * DELAY, (samples, late, last)

@@ -353,8 +353,11 @@ std::shared_ptr<Work> NcclComm::collective(const CollArgs& a, cudaStream_t strea
     settle(lib_.fn.ncclRedOpCreatePreMulSum(&op, scalar, to_nccl(a.dtype), ncclScalarHostImmediate, comm_),
            "ncclRedOpCreatePreMulSum", what);
   }
+  // The signature's seq numbers the collectives alone (seq counts sends and receives too, which ranks make in
+  // different numbers): what lines ranks' entries up, in stragglers() and in merged dumps.
+  const uint64_t coll_seq = ++collectives_;
   const uint64_t tid = trace_begin(
-      seq, algo::make_call_sig(static_cast<uint32_t>(seq), static_cast<int32_t>(a.coll),
+      seq, algo::make_call_sig(static_cast<uint32_t>(coll_seq), static_cast<int32_t>(a.coll),
                                static_cast<int32_t>(a.dtype), a.premul ? algo::kSigPremulSum : static_cast<int32_t>(a.op),
                                a.root, static_cast<int64_t>(a.count), -1, 0, false),
       static_cast<int64_t>(a.count * dtype_size(a.dtype)));

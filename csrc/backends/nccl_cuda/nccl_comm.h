@@ -260,6 +260,7 @@ class NcclComm {
   std::string reason_;  // why unusable (set once, before state_ leaves kOpen)
   std::atomic<uint64_t> issued_{0};
   FlightRecorder trace_{static_cast<int>(config_int("GPUCOLL_TRACE_BUFFER"))};
+  uint64_t collectives_ = 0;  // collectives issued (under call_mu_): their entries' CallSig::seq
   cudaStream_t internal_ = nullptr;
   void* scratch_ = nullptr;
   Group group_;
