@@ -153,11 +153,11 @@ def _hang_worker(comm, odd, mode):
         comm.all_reduce(x)
     if comm.rank == odd:
         if mode == "recv":  # alive, elsewhere: in a receive that nobody sends
-            time.sleep(0.8)  # its own timeout then falls well after the others': they find it still inside
+            time.sleep(1.0)  # its own timeout then falls well after the others': they find it still inside
             try:
                 comm.recv(x, (odd + 1) % comm.world_size)
             except CollectiveTimeout:
-                pass
+                time.sleep(3)  # alive until the others have looked, however late a loaded machine lets them
             return None
         time.sleep(5)  # alive, computing (a stop or a kill, sent by another rank, lands here)
         return None
