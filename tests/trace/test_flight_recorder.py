@@ -162,7 +162,7 @@ def _hang_worker(comm, odd, mode):
         time.sleep(5)  # alive, computing (a stop or a kill, sent by another rank, lands here)
         return None
     if comm.rank == (odd + 1) % comm.world_size and mode in ("stop", "kill"):
-        time.sleep(0.3)
+        time.sleep(0.1)  # the odd rank is in its sleep by then; this rank is 0.1 s late into the exchange's 1 s
         os.kill(int(pids[odd]), signal.SIGSTOP if mode == "stop" else signal.SIGKILL)
         if mode == "stop":
             threading.Timer(4.0, os.kill, (int(pids[odd]), signal.SIGCONT)).start()
