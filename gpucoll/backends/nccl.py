@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import json
 import os
 import re
 import sys
@@ -31,6 +30,7 @@ from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._call_check import StoreCallCheck
 from gpucoll._native import _C
 from gpucoll.backends.base import Backend
+from gpucoll.backends.nccl_arrivals import Arrivals
 from gpucoll.backends.usable import (
     MULTI_RANK_ENV,
     auto_selects_nccl,
@@ -50,8 +50,6 @@ __all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum"
            "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
            "premul_sum", "problems", "spawn_plan", "version_text"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
-ARRIVALS_SAMPLE = 64  # collectives of each rank's enqueue times in the sample its watchdog publishes
-STRAGGLER_WINDOW = 1000  # collectives stragglers() keeps (as the host backend's window)
 
 
 # -- can the backend run here? (the checks live in usable.py, below every backend) ------------------------------
@@ -138,8 +136,7 @@ class NcclBackend:
         self._sum = _C.RedOp.sum
         self._error = None
         self._failing = False  # _fail is writing the hang report of the first failure
-        self._stragglers = None  # _C.StragglerWindow, made by the first stragglers()
-        self._measured_seq = 0  # the last collective added to it
+        self._arrivals = Arrivals(comm, store, prefix, rank, world_size)  # stragglers() (nccl_arrivals.py)
         self._lock = threading.Lock()
         self._inflight = {}  # id(native Work) -> (native Work, objects it uses): async ops keep buffers alive
         self._scratch = None
@@ -404,48 +401,12 @@ class NcclBackend:
                 for key in done:
                     self._inflight.pop(key, None)
 
-    def _arrival_sample(self) -> list:
-        """[collective number, wall-clock ns] of this rank's last ARRIVALS_SAMPLE collectives, as enqueued (the
-        flight recorder; numbered among collectives alone, alike on every rank):
-        what the peers' stragglers() compare theirs with."""
-        t = self._comm.trace(ARRIVALS_SAMPLE)
-        off = t["realtime_ns"] - t["monotonic_ns"]
-        return [[e["coll_seq"], e["enqueue_ns"] + off] for e in t["entries"] if e["op"] != "p2p"]
-
     def stragglers(self, reset: bool) -> dict:
-        """Each rank's lateness at the collectives whose enqueue times this rank has seen from every rank: its own
-        from its flight recorder, the peers' from the samples their watchdogs publish (the last ARRIVALS_SAMPLE
-        collectives, at most every 0.5 s), read from the store now. A collective is measured once, when every
-        rank's sample holds it; between two reads a busy job issues more than a sample holds, so this is a sample
-        of the collectives, not all of them."""
-        with self._lock:
-            if self._stragglers is None:
-                self._stragglers = _C.StragglerWindow(self.world_size, STRAGGLER_WINDOW)
-        arrivals = {seq: {self.rank: t} for seq, t in self._arrival_sample()}
-        for r in range(self.world_size):
-            key = f"{self._prefix}arrivals/{r}"
-            if r == self.rank or not self._store.check(key):
-                continue
-            for seq, t in json.loads(self._store.get(key, timeout=5.0)):
-                if seq in arrivals:
-                    arrivals[seq][r] = t
-        with self._lock:
-            for seq in sorted(arrivals):
-                if seq > self._measured_seq and len(arrivals[seq]) == self.world_size:
-                    self._stragglers.add([arrivals[seq][r] for r in range(self.world_size)])
-                    self._measured_seq = seq
-            out = self._stragglers.stats()
-            if reset:
-                self._stragglers.clear()
-        return out
+        return self._arrivals.stats(reset)
 
     def _publish(self, issued: int) -> None:
         self._last_publish = time.monotonic()
-        with contextlib.suppress(Exception):  # the recorder may be off or the store gone: progress goes first
-            sample = json.dumps(self._arrival_sample()).encode()
-            try_set = getattr(self._store, "try_set", None)
-            if try_set is not None:
-                try_set(f"{self._prefix}arrivals/{self.rank}", sample)
+        self._arrivals.publish()
         key, value = f"{self._prefix}seq/{self.rank}", str(int(issued)).encode()
         try:
             # Not behind a wait of this rank's main thread on the same store client (a barrier may take the whole
