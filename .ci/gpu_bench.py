@@ -7,6 +7,8 @@
     nccl_vs_torch   gpucoll's NCCL path against torch's ProcessGroupNCCL, same NCCL, same sizes, 1 rank
     dispatch        host time per call, enqueue only: gpucoll (nccl backend) against torch's ProcessGroupNCCL and
                     against one bare kernel launch
+    recorder_cost   the custom kernels at 8 B, P = 2 on one GPU, with their flight recorder on (the default) against
+                    off (GPUCOLL_TRACE_BUFFER=0), runs alternating
 
 Every measurement runs in its own process, so that a crash is a named problem rather than the end of the phase.
 On gpucoll's emulated device the same code paths run at small sizes and every result is checked, but no timing is
@@ -30,14 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_GPU = "emulated device: its timings are the emulator's, not a GPU's"
 
 
-def _bench(args: list, json_path: Path, timeout: float, plot: Path | None = None) -> tuple:
-    """gpucoll-bench all_reduce with `args`; (rows, problem or '')."""
+def _bench(args: list, json_path: Path, timeout: float, plot: Path | None = None, env=None) -> tuple:
+    """gpucoll-bench all_reduce with `args` (and `env` over this process's); (rows, problem or '')."""
     cmd = [sys.executable, "-X", "faulthandler", "-m", "gpucoll.bench", "all_reduce", *args, "--json", str(json_path)]
     if plot is not None:
         cmd += ["--plot", str(plot)]
     print("$", " ".join(cmd[3:]), flush=True)
     try:
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+                             env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return [], f"gpucoll-bench {' '.join(args)} timed out after {timeout:.0f} s"
     print(res.stdout[-6000:], res.stderr[-3000:], flush=True)
@@ -301,6 +304,31 @@ def main() -> None:
                            f"{disp['launch_us']} us per call")
     figures["nccl_vs_torch"] = fig
     figures["dispatch"] = disp
+
+    # The kernels' flight recorder (a device ring block 0 writes, and the arrival views barrier 0 carries): on and
+    # off alternate, so that drift of the GPU's clocks falls on both alike.
+    times: dict = {"on": [], "off": []}
+    for i in range(2 if a.emulated else 4):
+        for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            rows, why = _bench(["-b", "8", "-e", "8", "--nranks", "2", "--backend", "custom",
+                                "-n", "3" if a.emulated else "2000", "-w", "1" if a.emulated else "200"],
+                               tmp / f"recorder-{name}-{i}.json", left(30),
+                               env={"GPUCOLL_TRACE_BUFFER": "2000" if name == "on" else "0"})
+            problems += [why] if why else []
+            t = _time_of(rows, "custom", 8)
+            if t:
+                times[name].append(t)
+    fig = {"what": "all_reduce float32 sum of 8 B, P = 2 virtual ranks on one GPU, custom kernels: time per call with "
+                   "the kernels' flight recorder on (GPUCOLL_TRACE_BUFFER=2000) over off (0), medians of alternating "
+                   "runs"}
+    if a.emulated:
+        fig["skipped"] = NOT_GPU
+    elif times["on"] and times["off"]:
+        on, off = sorted(times["on"])[len(times["on"]) // 2], sorted(times["off"])[len(times["off"]) // 2]
+        fig.update(on_us=round(on, 2), off_us=round(off, 2), on_over_off=round(on / off, 4),
+                   runs={k: [round(v, 2) for v in vs] for k, vs in times.items()})
+        fig["summary"] = f"on {on:.2f} us, off {off:.2f} us per call: {on / off:.4f}x"
+    figures["recorder_cost"] = fig
     a.result.write_text(json.dumps({"figures": figures, "problems": problems}, indent=1, default=str))
     for pr in problems:
         print("PROBLEM:", pr, flush=True)

@@ -60,6 +60,8 @@ class Source:
     trace: Callable[[int], dict]
     key: Callable[[], str]
     states: Callable[[], object]
+    # GPU backends, which see no peer process: rank -> [host, pid] as the rank published it at set-up, or None.
+    who: Callable[[int], object] = lambda r: None
 
 
 def failed_entry(trace: dict):
@@ -94,6 +96,19 @@ def proc_state(pid: int) -> str:
     if state in ("T", "t"):
         return "stopped"
     return "running"
+
+
+def who_in_store(store, prefix: str) -> Callable[[int], object]:
+    """Source.who for a backend whose ranks each set `prefix`<rank> to JSON [host, pid] at set-up."""
+    def who(r: int):
+        key = f"{prefix}{r}"
+        return json.loads(store.get(key, timeout=1.0)) if store.check(key) else None
+    return who
+
+
+def whoami() -> bytes:
+    """What a rank sets for who_in_store."""
+    return json.dumps([socket.gethostname(), os.getpid()]).encode()
 
 
 def _publish_and_collect(store, prefix: str, rank: int, mine: bytes, expect: list, bound: float, box: dict):
@@ -139,24 +154,62 @@ def _coll(cid: int) -> str:
 
 def _absent(r: int, st: dict, label: str) -> str:
     """What rank r, which never entered the failed collective, is doing, from what the backend saw of it."""
-    alive = proc_state(st["pid"]) if st["pid"] > 0 else ""
+    # A GPU backend's states carry the process state taken with them ("proc"), when the failure was found.
+    alive = st.get("proc") or (proc_state(st["pid"]) if st["pid"] > 0 else "")
     if st["exited"] or alive == "exited":
         how = "is dead (its process has exited)"
     elif alive == "stopped":
         how = f"is alive but stopped (SIGSTOP or a debugger) and never entered {label}"
     elif st["entered"] > st["done"] or st.get("in_p2p"):
         how = f"is alive but elsewhere and never entered {label}: {st['where']}"
+    elif st.get("device"):  # what its kernels show: none running, which also holds for a rank in an NCCL call
+        how = f"is alive and never entered {label}, and its GPU runs no gpucoll kernel (computing?)"
     else:
         how = f"is alive and never entered {label}, and is in no gpucoll call (computing?)"
-    last = (f"its last completed operation: {_coll(st['done_coll'])} #{st['done']}, {st['done_ago_s']:.3g} s ago"
-            if st["done"] else "it had completed no collective")
+    if st["done"] is None:  # a GPU backend that could not read a dead rank's ring
+        last = "what it completed last is gone with it"
+    elif st["done"]:
+        last = f"its last completed operation: {_coll(st['done_coll'])} #{st['done']}, {st['done_ago_s']:.3g} s ago"
+    else:
+        last = "it had completed no collective"
     return f"rank {r} {how} ({last})"
 
 
-def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: dict, now_real_ns: int) -> str:
+def _silent(r: int, state, label: str):
+    """What this machine saw of rank r's process (proc_state, taken when the failure was found), for a rank that
+    sent no tail and whose backend cannot see it: dead, stopped or running; None where it cannot tell."""
+    if state == "exited":
+        return f"rank {r} is dead (its process has exited)"
+    if state == "stopped":
+        return f"rank {r} is alive but stopped (SIGSTOP or a debugger) and never entered {label}"
+    if state == "running":
+        return f"rank {r} is alive and sent no report: it is not in {label} (computing, or in another call)"
+    return None
+
+
+def _process_states(src: Source) -> dict:
+    """{rank: proc_state} of the peers whose [host, pid] a GPU backend published and that run on this machine,
+    taken when the failure is found: a rank resumed (SIGCONT) during the exchange was stopped when it mattered."""
+    out = {}
+    here = socket.gethostname()
+    for r in range(src.world_size):
+        if r == src.rank:
+            continue
+        try:
+            who = src.who(r)
+        except Exception:  # noqa: BLE001 - a store gone with its server: the rank stays merely silent
+            who = None
+        if who and who[0] == here:
+            out[r] = proc_state(int(who[1]))
+    return out
+
+
+def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: dict, now_real_ns: int,
+                      procs=None) -> str:
     """Who never entered the failed collective (dead, stopped, elsewhere or computing, with its last completed
     operation), and which ranks have waited in it and for how long. `states`: the backend's view of every rank
-    (HostComm.peer_states) or None, in which case a rank that sent no tail is only said to be silent."""
+    (HostComm.peer_states) or None, in which case a rank that sent no tail is told from its process where `procs`
+    ({rank: proc_state}) has it, and is otherwise only said to be silent."""
     seq, label = failed["seq"], f"{failed['op']} #{failed['seq']}"
     if failed["op"] == "p2p":
         return (f"this rank's sends and receives (batch #{seq}) failed; ranks number such batches apart, so whether "
@@ -177,6 +230,8 @@ def where_everyone_is(world_size: int, rank: int, failed: dict, states, peers: d
             waited[r] = (now_real_ns - start_ns(entry) - tail["realtime_minus_monotonic_ns"]) * 1e-9
         elif st is not None:
             waited[r] = st["in_for_s"] if st["entered"] > st["done"] else None
+        elif (seen := _silent(r, (procs or {}).get(r), label)) is not None:
+            parts.append(seen)
         else:
             silent.append(r)
     if waited:
@@ -212,8 +267,11 @@ def on_failure(src: Source, store, err: GpucollError) -> None:
         states = src.states()
     except Exception:  # noqa: BLE001
         states = None
-    entered = ([r for r, s in enumerate(states) if s["entered"] >= failed["seq"] and not s["exited"]]
-               if states else list(range(world_size)))
+    procs = {} if states else _process_states(src)
+    if states:
+        entered = [r for r, s in enumerate(states) if s["entered"] >= failed["seq"] and not s["exited"]]
+    else:  # a GPU backend: every rank, less those whose process this machine sees gone (no tail will come)
+        entered = [r for r in range(world_size) if procs.get(r) != "exited"]
     mine = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "error": str(err),
             "realtime_minus_monotonic_ns": offset, "tail": trace["entries"][-TAIL:]}
     now_real = time.time_ns()  # the waits are measured up to the failure, not past the exchange below
@@ -228,7 +286,7 @@ def on_failure(src: Source, store, err: GpucollError) -> None:
     peers = dict(box.get("peers", {}))
     peers[rank] = mine
     try:
-        summary = where_everyone_is(world_size, rank, failed, states, peers, now_real)
+        summary = where_everyone_is(world_size, rank, failed, states, peers, now_real, procs)
     except Exception as e:  # noqa: BLE001
         summary = f"(where every rank is: not worked out: {type(e).__name__}: {e})"
     path = trace_path(key, rank)

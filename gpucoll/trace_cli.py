@@ -70,6 +70,8 @@ def report(docs: list, around: int = 8) -> str:
             e = per_rank.get(r)
             if e is None:
                 st = states[r] if r < len(states) else None
+                if st is not None and st.get("device") and key[1].startswith("nccl:"):
+                    st = None  # the custom kernels' states number their own calls, not the NCCL fallback's
                 absent = st["entered"] < key[0] if st is not None else failed is not None and r in absent_ranks \
                     and key == (failed["coll_seq"], failed["op"])
                 cells.append("-" if absent else "?")

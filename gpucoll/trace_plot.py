@@ -82,7 +82,8 @@ def draw(docs: list, path: str):
         if st is None and r in absent:
             what += f" (a timeout named it as never reaching #{failed['seq']})"
         if st is not None:
-            what += (": dead" if st["exited"] else "") + f" (last completed #{st['done']}" + (
+            done = "unknown" if st["done"] is None else f"#{st['done']}"
+            what += (": dead" if st["exited"] else "") + f" (last completed {done}" + (
                 f", never entered #{failed['seq']})" if st["entered"] < failed["seq"] else ")")
         right.text(0.02, r, what, transform=right.get_yaxis_transform(), va="center", fontsize="small", color="0.3")
     left.set_yticks(range(world), [f"rank {r}" for r in range(world)])

@@ -58,7 +58,42 @@ struct alignas(128) Signals {
   uint64_t mismatch;
   uint64_t mismatches;
   algo::CallSig bad[kMaxRanks];
+  // Arrival views, for the straggler report (CallRecord::late_ns). view[calls & 1][q][x]: how long after its own
+  // arrival rank q saw rank x's barrier-0 flag at rank q's previous recorded call, whose number + 1 is
+  // view_seq[calls & 1][q]; rank q's block 0 (the thread that signals this rank) copies them here from its
+  // `my_view` with its signature, before its barrier-0 release, so they arrive ordered by the flag like any staged data.
+  // Two halves by kernel parity, as `sig`.
+  uint64_t view[2][kMaxRanks][kMaxRanks];
+  uint64_t view_seq[2][kMaxRanks];
+  // Local: this rank's view of its latest recorded call (written by block 0 after barrier 0, read by the next
+  // recorded call's block 0 on the same stream).
+  uint64_t my_view[kMaxRanks];
+  uint64_t my_view_seq;
 };
+
+// One allreduce as the device saw it on this rank: the device half of the flight recorder, in a ring of device
+// memory that only this rank's kernels write and that the host copies out only when asked
+// (backends/custom_cuda/kernel_trace.h). Slot (signature number) % capacity. Block 0 of a call's first piece opens
+// the slot: it fills start_ns and resets the rest, then publishes `seq` behind a fence, so a reader that finds the
+// number it expects never reads an older call's fields (the ring holds twice the host recorder's entries: a slot is
+// rewritten only after the host has forgotten its previous call). Every later word has one writer and is whole
+// alone: arrive_ns[q] (thread q of block 0, after its wait), end_ns and flags (the last block of the last piece),
+// late_ns (the next recorded call's block 0).
+struct CallRecord {
+  uint64_t seq;       // the call's signature number + 1 (0: never opened)
+  uint64_t start_ns;  // %globaltimer: block 0 of the first piece began
+  uint64_t end_ns;    // ... the last block of the last piece finished (0: not yet)
+  uint64_t flags;     // kRecordTimedOut, kRecordMismatch (set with end_ns)
+  uint64_t arrive_ns[kMaxRanks];  // when block 0 saw rank q's barrier-0 flag (its own: this rank's arrival); 0: not
+  // Rank q's lateness at this call against the first rank to arrive, in ns: the largest of every rank's view (a rank
+  // sees q late by how much later than itself q arrived; the first rank to arrive sees everyone's whole lateness, and
+  // no rank sees more). Needs no common clock across GPUs. Written when the next recorded call's barrier 0 has
+  // brought every rank's view; kNoLateness until then.
+  uint64_t late_ns[kMaxRanks];
+};
+constexpr uint64_t kRecordTimedOut = 1;
+constexpr uint64_t kRecordMismatch = 2;
+constexpr uint64_t kNoLateness = ~uint64_t{0};
 
 struct AllReduceArgs {
   const void* in = nullptr;  // this rank's input (local)
@@ -82,6 +117,9 @@ struct AllReduceArgs {
   algo::CallSig sig{};
   bool check = true;         // compare signatures (off only to measure what the comparison costs)
   bool continuation = false; // a piece after the first: skipped whole when the first piece was mismatched
+  bool last_piece = true;    // the call's last piece: it ends the call's CallRecord
+  CallRecord* records = nullptr;  // this rank's ring of CallRecords (device memory), or null: record nothing
+  uint32_t record_capacity = 0;
 };
 
 // Enqueue one allreduce on `stream`. count * dtype size must fit half_bytes (every algorithm may stage or hold
@@ -98,5 +136,9 @@ cudaError_t one_shot_blocks_per_sm(DType dtype, RedOp op, int* out);
 cudaError_t two_shot_blocks_per_sm(DType dtype, RedOp op, int* out);
 cudaError_t ring_blocks_per_sm(DType dtype, RedOp op, int* out);
 cudaError_t tree_blocks_per_sm(DType dtype, RedOp op, int* out);
+
+// Enqueue a one-thread kernel that stores %globaltimer into *out (device memory): the host brackets it with its own
+// clock to place the records' device times on the host's timeline (kernel_trace.cc).
+cudaError_t launch_read_global_timer(uint64_t* out, cudaStream_t stream);
 
 }  // namespace gpucoll::cuda::custom

@@ -52,7 +52,30 @@ struct Sync {
   uint64_t calls;
   uint64_t timeout_ns;
   bool skip;  // a later piece of a call whose first piece was mismatched: the kernel does nothing at all
+  // The flight recorder's device half (CallRecord in custom_allreduce.h): this call's slot, or null when recording
+  // is off; the ring, for the previous call's slot; whether this piece opens the record (the first) or ends it.
+  CallRecord* rec;
+  CallRecord* records;
+  uint32_t capacity;
+  bool opens, ends;
+  uint64_t seq1;  // the call's signature number + 1, as CallRecord::seq holds it
 };
+
+// Opens this call's CallRecord (one thread, block 0 of the first piece): the fields first, then the number behind a
+// device-scope fence. The host copies the ring with the copy engine, which reads through L2 as the SMs write to it,
+// so a fence at GPU scope is what keeps a reader from pairing this number with an older call's fields; it costs
+// one thread of one block a wait for its own few stores.
+__device__ __forceinline__ void open_record(CallRecord* rec, uint64_t seq1, int nranks) {
+  st_relaxed_sys(&rec->start_ns, global_timer_ns());
+  st_relaxed_sys(&rec->end_ns, 0);
+  st_relaxed_sys(&rec->flags, 0);
+  for (int q = 0; q < nranks; ++q) {
+    st_relaxed_sys(&rec->arrive_ns[q], 0);
+    st_relaxed_sys(&rec->late_ns[q], kNoLateness);
+  }
+  __threadfence();
+  st_relaxed_sys(&rec->seq, seq1);
+}
 
 // Reads this communicator's call number. Every block of the kernel reads the same value: the only write, by the
 // last block to finish (end_call), happens after every block's read, through end_call's acq_rel count.
@@ -65,9 +88,12 @@ __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
   Signals* self = static_cast<Signals*>(a.sigs.ptr[a.rank]);
   // `calls` and `mismatch` are written only by this rank's previous kernels on the same stream, whose writes are
   // visible once they completed.
+  const bool recording = a.records != nullptr && a.record_capacity > 0;
+  CallRecord* rec = recording ? &a.records[a.sig.seq % a.record_capacity] : nullptr;
   if (threadIdx.x == 0) {
     calls = self->calls;
     skip = a.continuation && ld_relaxed_sys(&self->mismatch) == calls;
+    if (recording && !a.continuation && blockIdx.x == 0) open_record(rec, a.sig.seq + 1, a.nranks);
   }
   __syncthreads();
   Sync s;
@@ -78,6 +104,12 @@ __device__ __forceinline__ Sync begin_call(const AllReduceArgs& a) {
   s.calls = calls;
   s.timeout_ns = a.timeout_ns;
   s.skip = skip;
+  s.rec = rec;
+  s.records = a.records;
+  s.capacity = a.record_capacity;
+  s.opens = recording && !a.continuation;
+  s.ends = recording && a.last_piece;
+  s.seq1 = a.sig.seq + 1;
   return s;
 }
 
@@ -130,6 +162,42 @@ __device__ __forceinline__ void barrier(const Sync& s, uint32_t k) {
   __syncthreads();  // (4) nobody reads peer data before all P acquires
 }
 
+// The straggler report's exchange (CallRecord::late_ns), piggybacked on barrier 0 of block 0: the thread that
+// signals rank q also hands it this rank's view of its previous recorded call, before the release that carries
+// the signature.
+__device__ __forceinline__ void send_view(const Sync& s, Signals* peer, unsigned half) {
+  for (int x = 0; x < s.nranks; ++x) peer->view[half][s.rank][x] = s.self->my_view[x];
+  peer->view_seq[half][s.rank] = s.self->my_view_seq;
+}
+
+// After barrier 0 of block 0 (every rank's view is here, ordered by the flags and extended to the block by (4)):
+// thread x settles rank x's lateness at the previous recorded call, the largest lateness any rank saw, into that
+// call's record when every rank's view is of the same call; then stores this rank's view of this call, for the
+// next one to carry. A rank that timed out leaves no view (its flags never came), so nothing is settled from it.
+__device__ __forceinline__ void settle_views(const Sync& s, unsigned half, const uint64_t* seen) {
+  const int x = static_cast<int>(threadIdx.x);
+  if (x < s.nranks) {
+    const uint64_t of = s.self->view_seq[half][0];
+    bool same = of != 0;
+    uint64_t late = 0;
+    for (int r = 0; r < s.nranks; ++r) {
+      same = same && s.self->view_seq[half][r] == of;
+      late = s.self->view[half][r][x] > late ? s.self->view[half][r][x] : late;
+    }
+    if (same) {
+      CallRecord* prev = &s.records[(of - 1) % s.capacity];
+      if (ld_relaxed_sys(&prev->seq) == of) st_relaxed_sys(&prev->late_ns[x], late);
+    }
+    const uint64_t mine = seen[s.rank];
+    s.self->my_view[x] = seen[x] > mine ? seen[x] - mine : 0;
+  }
+  if (x == 0) {
+    bool whole = true;
+    for (int q = 0; q < s.nranks; ++q) whole = whole && seen[q] != 0;
+    s.self->my_view_seq = whole ? s.seq1 : 0;
+  }
+}
+
 // Barrier 0, carrying the call's signature (algo/call_sig.h): ranks pair calls by counting, so nothing else
 // notices that they made different calls, and a different count or algorithm would read and write the wrong
 // bytes here and put the flags of every later call out of step. Thread q stores this rank's signature into rank
@@ -146,13 +214,20 @@ __device__ __forceinline__ bool open_call(const Sync& s, const AllReduceArgs& a)
   const unsigned b = blockIdx.x;
   const unsigned half = static_cast<unsigned>(s.calls & 1u);
   const int q = static_cast<int>(threadIdx.x);
+  __shared__ uint64_t seen[kMaxRanks];  // block 0 of a recorded call: when each rank's flag came (0: never)
+  const bool views = b == 0 && s.opens;
   if (q == 0) verdict = 0;
   __syncthreads();  // (1)
   if (q < s.nranks) {
     Signals* peer = static_cast<Signals*>(s.sigs.ptr[q]);
     if (a.check) peer->sig[b][half][s.rank] = a.sig;
+    if (views) send_view(s, peer, half);
     st_release_sys(&peer->flag[b][s.rank], value);  // (2)
     const Wait w = wait_flag(s, &s.self->flag[b][q], value, q, 0, a.check && b > 0);  // (3)
+    if (views) {
+      seen[q] = w == Wait::kArrived ? global_timer_ns() : 0;
+      st_relaxed_sys(&s.rec->arrive_ns[q], seen[q]);
+    }
     if (w == Wait::kMismatch) {
       atomicOr(&verdict, 2u);
     } else if (w == Wait::kArrived && a.check && !algo::call_sig_equal(s.self->sig[b][half][q], a.sig)) {
@@ -160,6 +235,7 @@ __device__ __forceinline__ bool open_call(const Sync& s, const AllReduceArgs& a)
     }
   }
   __syncthreads();  // (4)
+  if (views) settle_views(s, half, seen);
   if (verdict == 0) return true;
   if (b == 0) {
     if (q < s.nranks) s.self->bad[q] = s.self->sig[0][half][q];
@@ -172,7 +248,7 @@ __device__ __forceinline__ bool open_call(const Sync& s, const AllReduceArgs& a)
   return false;
 }
 
-// The last block to finish bumps `calls` for the next kernel, and resets the count. Plain stores suffice for the
+// The last block to finish bumps `calls` for the next kernel, resets the count, and ends the call's record. Plain stores suffice for the
 // next kernel (same stream: it starts after this one completed), but not within this kernel: other blocks read
 // `calls` in begin_call and incremented blocks_done, and with a relaxed count (atomicAdd) nothing orders those
 // accesses before the last block's stores. Under the PTX (and C++) memory model that is a data race on both
@@ -188,6 +264,16 @@ __device__ __forceinline__ void end_call(const Sync& s) {
     if (done == gridDim.x - 1) {
       s.self->blocks_done = 0;
       s.self->calls = s.calls + 1;
+      // The call ends with its last piece, or with this one when it was found mismatched (its later pieces skip).
+      if (s.rec != nullptr) {
+        const bool mismatched = ld_relaxed_sys(&s.self->mismatch) == s.calls + 1;
+        if (s.ends || mismatched) {
+          const uint64_t flags = (ld_relaxed_sys(&s.self->timed_out) != 0 ? kRecordTimedOut : 0) |
+                                 (mismatched ? kRecordMismatch : 0);
+          st_relaxed_sys(&s.rec->flags, flags);
+          st_relaxed_sys(&s.rec->end_ns, global_timer_ns());
+        }
+      }
     }
   }
 }

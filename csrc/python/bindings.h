@@ -4,12 +4,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
-namespace gpucoll {
-class FlightRecorder;
-class StragglerWindow;
-}
+#include "core/flight_recorder.h"
+#include "core/stragglers.h"
 
 namespace gpucoll::python {
 
@@ -59,9 +59,12 @@ void bind_custom(pybind11::module_& m);
 
 // trace.cc: a flight recorder's last `last` entries (0: all) with both clocks, as a dict that is JSON as it stands.
 pybind11::dict trace_dict(const FlightRecorder& rec, int last);
+// ... entries a backend has already taken and completed (the custom kernels merge their device records in).
+pybind11::dict trace_dict(const std::vector<TraceEntry>& entries, int capacity, uint64_t recorded);
 // trace.cc: a straggler window's statistics (gpucoll/stragglers.py reads them), and the window itself for backends
 // that gather arrival times in Python (the NCCL backend's sampled enqueue times).
 pybind11::dict straggler_dict(const StragglerWindow& w);
+pybind11::dict straggler_dict(const StragglerWindow::Snapshot& snap, int window);
 void bind_trace(pybind11::module_& m);
 
 }  // namespace gpucoll::python

@@ -114,6 +114,12 @@ cuda::custom::ExportedRange range_from(const std::tuple<std::string, uint64_t>& 
   return r;
 }
 
+cuda::custom::KernelTrace* live_trace(const cuda::custom::CustomComm& c) {
+  cuda::custom::KernelTrace* t = c.trace();
+  if (t == nullptr) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "trace", "the custom communicator is closed");
+  return t;
+}
+
 void bind_cuda(py::module_& m) {
   using cuda::custom::CustomComm;
   using Ranges = std::vector<std::tuple<std::string, uint64_t>>;
@@ -176,6 +182,62 @@ void bind_cuda(py::module_& m) {
            "InvalidArgument once per call whose kernel found that ranks made different calls (after a sync).")
       .def("_set_call_check", &CustomComm::set_call_check, py::arg("on"))
       .def_property_readonly("call_check", &CustomComm::call_check)
+      .def(
+          "trace",
+          [](const CustomComm& c, int last) {
+            cuda::custom::KernelTrace* t = live_trace(c);
+            std::vector<TraceEntry> entries;
+            {
+              py::gil_scoped_release nogil;  // copies the device half out
+              entries = t->snapshot(last);
+            }
+            return trace_dict(entries, t->capacity(), t->recorded());
+          },
+          py::arg("last") = 0, "The flight recorder's last `last` calls (0: all), device times merged in.")
+      .def(
+          "stragglers",
+          [](const CustomComm& c, bool reset) {
+            cuda::custom::KernelTrace* t = live_trace(c);
+            StragglerWindow::Snapshot snap;
+            {
+              py::gil_scoped_release nogil;
+              snap = t->stragglers(reset);
+            }
+            return straggler_dict(snap, t->window());
+          },
+          py::arg("reset") = false, "Each rank's lateness at the last calls, as the kernels measured it in barrier 0.")
+      .def("records_handle", [](const CustomComm& c) { return py::bytes(c.records_handle()); })
+      .def_property_readonly("record_capacity",
+                             [](const CustomComm& c) { return c.trace() ? c.trace()->record_capacity() : 0u; })
+      .def("connect_records", &CustomComm::connect_records, py::arg("handles"), py::arg("capacities"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "peer_calls",
+          [](const CustomComm& c, const std::vector<int>& skip) {
+            cuda::custom::KernelTrace* t = live_trace(c);
+            std::vector<cuda::custom::KernelTrace::PeerCalls> calls;
+            {
+              py::gil_scoped_release nogil;
+              calls = t->peer_calls(skip);
+            }
+            py::list out;
+            for (const auto& p : calls) {
+              if (!p.known) {
+                out.append(py::none());
+                continue;
+              }
+              py::dict d;
+              d["entered"] = p.entered;
+              d["done"] = p.done;
+              d["in_for_s"] = p.in_for_s;
+              d["done_ago_s"] = p.done_ago_s;
+              out.append(d);
+            }
+            return out;
+          },
+          py::arg("skip") = std::vector<int>{},
+          "Where every rank's kernels are, read from its ring: the last call they began and the last they finished "
+          "(None: that rank's ring is not readable here, or in `skip`).")
       .def("synchronize", &CustomComm::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("close", &CustomComm::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &CustomComm::rank)

@@ -35,6 +35,10 @@ py::dict trace_dict(const FlightRecorder& rec, int last) {
     py::gil_scoped_release nogil;  // the writer never waits on the GIL, but a long copy should not hold it
     entries = rec.snapshot(last);
   }
+  return trace_dict(entries, rec.capacity(), rec.recorded());
+}
+
+py::dict trace_dict(const std::vector<TraceEntry>& entries, int capacity, uint64_t recorded) {
   const auto& algos = algo::algorithms();
   py::list rows;
   for (const TraceEntry& e : entries) {
@@ -72,8 +76,8 @@ py::dict trace_dict(const FlightRecorder& rec, int last) {
     rows.append(r);
   }
   py::dict out;
-  out["capacity"] = rec.capacity();
-  out["recorded"] = rec.recorded();
+  out["capacity"] = capacity;
+  out["recorded"] = recorded;
   // Both clocks read together: the entries' CLOCK_MONOTONIC times plus (realtime - monotonic) are wall-clock
   // times, which line up the dumps of ranks on different machines (as far as their clocks agree).
   const int64_t mono = clock_ns(CLOCK_MONOTONIC);
@@ -84,8 +88,9 @@ py::dict trace_dict(const FlightRecorder& rec, int last) {
   return out;
 }
 
-py::dict straggler_dict(const StragglerWindow& w) {
-  const StragglerWindow::Snapshot snap = w.stats();
+py::dict straggler_dict(const StragglerWindow& w) { return straggler_dict(w.stats(), w.capacity()); }
+
+py::dict straggler_dict(const StragglerWindow::Snapshot& snap, int window) {
   py::list ranks;
   int r = 0;
   for (const RankLateness& s : snap.ranks) {
@@ -100,7 +105,7 @@ py::dict straggler_dict(const StragglerWindow& w) {
   }
   py::dict out;
   out["samples"] = snap.samples;
-  out["window"] = w.capacity();
+  out["window"] = window;
   out["total"] = snap.total;
   out["ranks"] = ranks;
   out["summary"] = StragglerWindow::summary(snap);
@@ -118,7 +123,8 @@ void bind_trace(py::module_& m) {
             return w.add(arrival_ns.data());
           },
           py::arg("arrival_ns"), "One collective: every rank's arrival time in nanoseconds of one clock.")
-      .def("stats", &straggler_dict, "The window's statistics, as Communicator.stragglers() reports them.")
+      .def("stats", [](const StragglerWindow& w) { return straggler_dict(w); },
+           "The window's statistics, as Communicator.stragglers() reports them.")
       .def("clear", &StragglerWindow::clear);
 }
 

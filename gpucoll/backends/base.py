@@ -108,13 +108,13 @@ class Backend(abc.ABC):
 
     def stragglers(self, reset: bool) -> dict:
         """Per-rank lateness at recent collectives (csrc/core/stragglers.h), as the native window reports it."""
-        raise Unsupported(f"stragglers() is measured on the host and nccl backends; the {self.name} backend does "
-                          f"not compare arrival times yet")
+        raise Unsupported(f"stragglers() is measured on the host, nccl and custom backends; the {self.name} backend "
+                          f"does not compare arrival times")
 
     def trace(self, last: int) -> dict:
         """The flight recorder's last `last` operations (0: all it holds) with both clocks (csrc/python/trace.cc)."""
-        raise Unsupported(f"the flight recorder records on the host backend only so far; the {self.name} backend "
-                          f"does not record its operations yet")
+        raise Unsupported(f"the flight recorder records on the host, nccl and custom backends; the {self.name} "
+                          f"backend does not record its operations")
 
     def trace_key(self) -> str:
         """A name every rank of this communicator gives alike and no other communicator shares: its dump files and

@@ -21,10 +21,12 @@ calls outside that block stage their input inside the kernel, which also works u
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import socket
 
-from gpucoll import _cuda_buffers, _log, _nccl, config
+from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._native import _C
 from gpucoll.backends import nccl, select
 from gpucoll.backends.base import BLOCKED
@@ -99,8 +101,11 @@ class CustomWork:
 class CustomBackend:
     """The Communicator's implementation object for backend='custom'."""
 
-    def __init__(self, native, *, rank, world_size, device, store, prefix, timeout, hosts, p2p, nccl, nccl_why):
+    def __init__(self, native, *, rank, world_size, device, store, prefix, timeout, hosts, p2p, nccl, nccl_why,
+                 trace_key: str = "", who=None):
         self._native = native
+        self.trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
+        self._who = list(who or [None] * world_size)  # [host, pid] of every rank, for the hang report
         self.rank, self.world_size, self.device = rank, world_size, device
         self._store, self._prefix, self._timeout = store, prefix, float(timeout)
         self._hosts, self._p2p = list(hosts), list(p2p)
@@ -137,11 +142,58 @@ class CustomBackend:
             # instead of returning garbage.
             self._broken = True
             late = list(self._native.late_ranks())
-            raise CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.device}) waited longer than "
+            err = CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.device}) waited longer than "
                                     f"{self._timeout:g} s for rank(s) {late} (their kernels never arrived); its "
                                     f"results are invalid and the communicator is unusable", call="all_reduce",
                                     ranks=late)
+            # The hang report (where every rank is, and the dump), here where the timeout is found: the Work or the
+            # barrier that finds it raises past the Communicator.
+            flight_recorder.on_failure(flight_recorder.Source(self.rank, self.world_size, self._timeout, "custom",
+                                                              self.trace, lambda: self.trace_key, self.peer_states,
+                                                              lambda r: self._who[r]),
+                                       self._store, err)
+            raise err
         self._native.check_calls()
+
+    # -- the flight recorder and stragglers -----------------------------------------------------------------------
+    def trace(self, last: int) -> dict:
+        """The kernels' calls (csrc/backends/custom_cuda/kernel_trace.h: enqueue time on the host; start, end and
+        state as the device recorded them) and, merged by enqueue time, the NCCL fallback's, whose names carry
+        "nccl:" (the two number their collectives apart, alike on every rank, so each keeps its numbers)."""
+        t = self._native.trace(last)
+        if self._nccl is None:
+            return t
+        other = self._nccl.native.trace(last)
+        for e in other["entries"]:
+            e["op"] = f"nccl:{e['op']}"
+        entries = sorted(t["entries"] + other["entries"], key=lambda e: e["enqueue_ns"])
+        t["entries"] = entries[-last:] if last > 0 else entries
+        t["capacity"] += other["capacity"]
+        t["recorded"] += other["recorded"]
+        return t
+
+    def stragglers(self, reset: bool) -> dict:
+        """The kernels' own measure (barrier 0 of each call; NCCL fallback calls are not in it)."""
+        return self._native.stragglers(bool(reset))
+
+    def peer_states(self):
+        """Where every rank's kernels are, read from its own ring through the IPC mapping (so a rank that cannot
+        answer is seen too), with its process: HostComm.peer_states' shape, numbered as the kernels' calls. None
+        where some rank's ring is not readable here (its recorder off, another node)."""
+        here = socket.gethostname()
+        procs = [flight_recorder.proc_state(int(w[1])) if w and w[0] == here else "" for w in self._who]
+        # A dead rank's memory may be gone under its mapping: its ring is not read (the kernels never touch it).
+        calls = self._native.peer_calls([r for r, p in enumerate(procs) if p == "exited"])
+        out = []
+        for r, c in enumerate(calls):
+            if c is None and procs[r] != "exited":
+                return None
+            c = c or {"entered": 0, "done": None, "in_for_s": 0.0, "done_ago_s": 0.0}  # dead: not read
+            out.append({"pid": int(self._who[r][1]) if procs[r] else 0, "exited": procs[r] == "exited",
+                        "proc": procs[r], "broken": False, "entered": c["entered"], "in_coll": 0,
+                        "in_for_s": c["in_for_s"], "done": c["done"], "done_coll": 0, "done_ago_s": c["done_ago_s"],
+                        "in_p2p": False, "device": True, "where": f"its GPU is still in all_reduce #{c['entered']}"})
+        return out
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def _decline(self, coll: int, src, dst, count: int, redop) -> str:
@@ -342,18 +394,17 @@ class Custom(nccl.Nccl):
     def registrar(self, what: str):
         return self.impl
 
-    # The kernels do not record yet; NCCL's recorder would hold only the calls that fell back to it, a timeline with
-    # holes that reads as if the kernels' calls never happened.
     def trace(self, last: int) -> dict:
-        raise Unsupported("the flight recorder does not record the custom backend's kernels yet (the host and nccl "
-                          "backends record every call)")
+        return self.impl.trace(last)
 
     def trace_key(self) -> str:
-        raise Unsupported("the custom backend has no flight recorder yet")
+        return self.impl.trace_key
 
     def stragglers(self, reset: bool) -> dict:
-        raise Unsupported("stragglers() is measured on the host and nccl backends; the custom backend's kernels do not "
-                          "record arrival times yet")
+        return self.impl.stragglers(reset)
+
+    def peer_states(self):
+        return self.impl.peer_states()
 
 
 def _shared_gpu_problems(places) -> list:
@@ -405,7 +456,8 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
         devices = probe.get("devices") or []
         gpu = str(devices[dev].get("pci_bus_id") or dev) if dev < len(devices) else str(dev)  # the same GPU by any index
         store.set_json(f"{prefix}hello/{rank}", [socket.gethostname(), native.ipc_handle().hex(), native.sms,
-                                                 native.half_bytes, gpu])
+                                                 native.half_bytes, gpu, os.getpid(), native.records_handle().hex(),
+                                                 native.record_capacity])
         hello = [store.get_json(f"{prefix}hello/{r}", timeout=timeout) for r in range(P)]
         halves = [int(h[3]) for h in hello]
         if len(set(halves)) != 1:
@@ -417,6 +469,7 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
             here = (hello[rank][0], hello[rank][4])
             native.connect_ipc([bytes.fromhex(h[1]) for h in hello], min(int(h[2]) for h in hello),
                                sum(1 for h in hello if (h[0], h[4]) == here))
+            native.connect_records([bytes.fromhex(h[6]) for h in hello], [int(h[7]) for h in hello])
             row = list(native.p2p_row)
         else:
             row = [0] * P  # other nodes: nothing to map; eligibility names the nodes
@@ -441,5 +494,7 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     if slow and rank == min(r for r, h in enumerate(hello) if (h[0], h[4]) == (hello[rank][0], hello[rank][4])):
         _log.warn(slow)
     _log.debug(f"custom communicator: rank {rank}/{P} on cuda:{dev}, {native.sms} SMs, P2P row {row}")
+    key = "custom-" + hashlib.sha256(json.dumps([prefix, hello]).encode()).hexdigest()[:16]  # every IPC handle
     return CustomBackend(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
-                         hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why)
+                         hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why, trace_key=key,
+                         who=[[h[0], h[5]] for h in hello])

@@ -180,7 +180,8 @@ class NcclBackend:
         if isinstance(err, CollectiveTimeout) and trace is not None:
             try:
                 flight_recorder.on_failure(flight_recorder.Source(
-                    self.rank, self.world_size, self._timeout, "nccl", trace, lambda: self.trace_key, lambda: None),
+                    self.rank, self.world_size, self._timeout, "nccl", trace, lambda: self.trace_key, lambda: None,
+                    flight_recorder.who_in_store(self._store, f"{self._prefix}joined/")),
                     self._store, err)
             except Exception as e:  # noqa: BLE001 - the failure must be recorded and the communicator aborted
                 _log.warn(f"the flight recorder's report failed: {type(e).__name__}: {e}")
@@ -549,7 +550,7 @@ def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
     # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
     generation = (store.add("gpucoll/nccl/count", 1) - 1) // launch.world_size
     prefix = f"gpucoll/nccl/{generation}/"
-    store.set(f"{prefix}joined/{launch.rank}", b"1")
+    store.set(f"{prefix}joined/{launch.rank}", flight_recorder.whoami())  # [host, pid]: a hang report's last resort
     if launch.rank == 0:
         uid = _C.nccl_unique_id()
         store.set(f"{prefix}uid", uid)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import gpu_arrays
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 import gpucoll
-from gpucoll.errors import CollectiveTimeout
+from gpucoll.errors import CollectiveTimeout, RemoteError
 from gpucoll.testing import DeviceArray
 
 pytestmark = [pytest.mark.spawns, pytest.mark.gpu]
@@ -93,8 +95,8 @@ def test_a_rank_that_never_issues_a_collective_gets_a_hang_report_on_nccl(tmp_pa
     msg = out["error"]
     assert msg is not None and out["ranks"] == (1,), out
     assert "all_reduce #5" in msg and "ranks that had not reached operation #5: [1]" in msg, msg
-    assert "where every rank is: rank 0 has waited in all_reduce #5 for up to" in msg, msg
-    assert "rank 1 sent no report (dead, stopped, or not in all_reduce #5)" in msg, msg
+    assert "where every rank is: rank 1 is alive" in msg and "; rank 0 has waited in all_reduce #5 for up to" in msg, msg
+    assert "rank 1 is alive and sent no report: it is not in all_reduce #5 (computing, or in another call)" in msg, msg
     path = out["file"]
     assert path and os.path.dirname(path) == str(tmp_path) and f"Flight recorder: {path}" in msg
     assert out["again"] == (True, path)  # a later call raises the same report, dumped once
@@ -107,6 +109,42 @@ def test_a_rank_that_never_issues_a_collective_gets_a_hang_report_on_nccl(tmp_pa
     assert cli.returncode == 0, cli.stderr
     row = next(line for line in cli.stdout.splitlines() if line.split()[:2] == ["5", "all_reduce"])
     assert row.split()[-1] == "-" and "RUNNING" in row, cli.stdout  # rank 1, named by the timeout
+
+
+def _stopped_worker(comm, mode):
+    """Rank 0 stops or kills rank 1, which is computing, then enters a collective rank 1 never will."""
+    pids = np.zeros(2, np.float64)
+    pids[comm.rank] = os.getpid()
+    pids = _device_array(comm, pids)
+    comm.all_reduce(pids, async_op=True).synchronize()
+    peer = int(np.asarray(pids.to_host())[1])
+    if comm.rank == 1:
+        time.sleep(6)
+        return None
+    os.kill(peer, signal.SIGSTOP if mode == "stop" else signal.SIGKILL)
+    if mode == "stop":
+        threading.Timer(5.0, os.kill, (peer, signal.SIGCONT)).start()
+    try:
+        comm.all_reduce(_device_array(comm, np.ones(4, np.float32)), async_op=True).synchronize()
+    except CollectiveTimeout as e:
+        return str(e)
+    return None
+
+
+STOPPED = "rank 1 is alive but stopped (SIGSTOP or a debugger) and never entered all_reduce #2"
+
+
+@pytest.mark.parametrize("mode,said", [("stop", STOPPED), ("kill", "rank 1 is dead (its process has exited)")])
+def test_a_stopped_rank_is_told_from_a_dead_one_on_nccl(mode, said, tmp_path, monkeypatch):
+    gpu_arrays.require_nccl_ranks(2)
+    monkeypatch.setenv("GPUCOLL_TRACE_DIR", str(tmp_path))
+    try:
+        msg = gpucoll.spawn(_stopped_worker, 2, args=(mode,), backend="nccl", timeout=3.0, elastic=True)[0]
+    except RemoteError as e:
+        assert mode == "kill", e
+        msg = e.results[0]
+    assert msg is not None and said in msg, msg
+    assert "rank 0 has waited in all_reduce #2 for up to" in msg, msg
 
 
 DELAY = 0.2

@@ -142,8 +142,8 @@ def test_one_rank_is_never_late_and_a_closed_communicator_refuses():
 
 
 def test_backends_without_arrival_times_say_so():
-    with pytest.raises(Unsupported, match="host and nccl backends; the custom backend does not compare arrival"):
-        Backend.stragglers(types.SimpleNamespace(name="custom"), False)
+    with pytest.raises(Unsupported, match="host, nccl and custom backends; the mock backend does not compare arrival"):
+        Backend.stragglers(types.SimpleNamespace(name="mock"), False)
 
 
 def _torch_worker(rank, world_size):

@@ -9,6 +9,7 @@
 #include "algo/registry.h"
 #include "backends/custom/eligibility.h"
 #include "backends/nccl_cuda/cuda_util.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -85,6 +86,32 @@ CustomComm::CustomComm(int rank, int nranks, int device, size_t half_bytes, doub
   mem_ = std::make_unique<RankMemory>(rank, device, half_bytes);
   bufs_.ptr[rank] = mem_->buffer();
   sigs_.ptr[rank] = mem_->signals();
+  trace_ = std::make_unique<KernelTrace>(nranks, device, static_cast<int>(config_int("GPUCOLL_TRACE_BUFFER")));
+  if (rank == 0) trace_->set_report(config_int("GPUCOLL_STRAGGLER_REPORT"));
+  trace_->set_peer(rank, trace_->records(), trace_->record_capacity());
+}
+
+std::string CustomComm::records_handle() const {
+  GPUCOLL_CHECK_ARG(trace_ != nullptr, "the communicator is closed");
+  if (trace_->records() == nullptr) return "";
+  DeviceGuard guard(device_);
+  return export_range(trace_->records()).handle;
+}
+
+void CustomComm::connect_records(const std::vector<std::string>& handles, const std::vector<uint32_t>& capacities) {
+  GPUCOLL_CHECK_ARG(trace_ != nullptr, "the communicator is closed");
+  GPUCOLL_CHECK_ARG(handles.size() == static_cast<size_t>(nranks_) && capacities.size() == handles.size(),
+                    "need one records handle and capacity per rank (", nranks_, ")");
+  DeviceGuard guard(device_);
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_ || handles[q].empty()) continue;
+    try {
+      trace_->set_peer(q, static_cast<const CallRecord*>(mappings_.open(handles[q], q)), capacities[q]);
+    } catch (const Error& e) {
+      // Only the hang report reads it: without it, that rank is told from its process alone.
+      GPUCOLL_WARN("custom backend: rank ", q, "'s flight recorder cannot be mapped: ", e.message());
+    }
+  }
 }
 
 CustomComm::~CustomComm() { close(); }
@@ -144,6 +171,7 @@ void CustomComm::connect_local(const std::vector<CustomComm*>& comms) {
     GPUCOLL_CHECK_ARG(c->half_bytes() == half_bytes(), "every rank needs the same staging size");
     bufs_.ptr[q] = c->mem_->buffer();
     sigs_.ptr[q] = c->mem_->signals();
+    trace_->set_peer(q, c->trace_->records(), c->trace_->record_capacity());
   }
   DeviceGuard guard(device_);
   // Every virtual rank needs at least one resident block next to the others'.
@@ -311,6 +339,12 @@ size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dty
   a.sig = algo::make_call_sig(seq_++, static_cast<int32_t>(algo::Coll::kAllReduce), static_cast<int32_t>(dtype),
                               static_cast<int32_t>(op), -1, static_cast<int64_t>(count), sig_algo(algo), 0, false);
   a.check = call_check_;
+  // A piece enqueued alone (virtual ranks) is its own call to the recorder; the pieces after the first record nothing.
+  const bool recorded = only_piece <= 0 && trace_->records() != nullptr;
+  const uint64_t entry = recorded ? trace_->begin(a.sig, static_cast<int64_t>(bytes), stream_is_capturing(stream))
+                                  : FlightRecorder::kOff;
+  a.records = recorded ? trace_->records() : nullptr;
+  a.record_capacity = recorded ? trace_->record_capacity() : 0;
   int cap = max_blocks_for(algo, dtype, op);
   if (max_blocks > 0) cap = cap > 0 ? std::min(cap, max_blocks) : max_blocks;
   for (size_t i = 0; i < npieces; ++i) {
@@ -322,10 +356,13 @@ size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dty
     a.count = n;
     a.in_offset = off;
     a.continuation = i > 0;
+    a.last_piece = i + 1 == npieces || only_piece >= 0;
     const LaunchShape shape = gpucoll::custom::choose_launch_shape(algo, n * esize, nranks_, sms_, cap);
     a.blocks = shape.blocks;
     a.threads = shape.threads;
-    GPUCOLL_CUDA_CHECK(launch_algo(algo, a, stream));
+    const cudaError_t err = launch_algo(algo, a, stream);
+    if (err != cudaSuccess && recorded) trace_->launch_failed(entry);
+    GPUCOLL_CUDA_CHECK(err);
   }
   return npieces;
 }
@@ -399,6 +436,7 @@ void CustomComm::close() noexcept {
   table_ = nullptr;
   mem_->release();
   mem_.reset();
+  trace_.reset();
   registered_.clear();
   pending_.clear();
   connected_ = false;

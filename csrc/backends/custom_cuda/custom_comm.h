@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backends/custom/launch_shape.h"
+#include "backends/custom_cuda/kernel_trace.h"
 #include "backends/custom_cuda/peer_memory.h"
 #include "core/types.h"
 #include "kernels/custom_allreduce.h"
@@ -101,6 +102,12 @@ class CustomComm {
   // Frees everything; never throws. Peers must have synchronised first.
   void close() noexcept;
   size_t open_mappings() const { return mappings_.size(); }
+  // The flight recorder and straggler window of this rank's calls (kernel_trace.h); null once closed.
+  KernelTrace* trace() const { return trace_.get(); }
+  // IPC mode: this rank's ring of CallRecords for the peers ("" when recording is off), and the peers' rings
+  // (handles[q], capacities[q]: rank q's records_handle() and record capacity), read by the hang report.
+  std::string records_handle() const;
+  void connect_records(const std::vector<std::string>& handles, const std::vector<uint32_t>& capacities);
   int64_t registered_count() const { return static_cast<int64_t>(registered_.size()); }
 
  private:
@@ -118,6 +125,7 @@ class CustomComm {
   int sms_ = 0;
   uint64_t timeout_ns_;
   std::unique_ptr<RankMemory> mem_;
+  std::unique_ptr<KernelTrace> trace_;
   IpcMappings mappings_;
   PeerTable bufs_{}, sigs_{};
   std::vector<uint8_t> p2p_row_;
