@@ -163,7 +163,8 @@ def _absent(r: int, st: dict, label: str) -> str:
     elif st["entered"] > st["done"] or st.get("in_p2p"):
         how = f"is alive but elsewhere and never entered {label}: {st['where']}"
     elif st.get("device"):  # what its kernels show: none running, which also holds for a rank in an NCCL call
-        how = f"is alive and never entered {label}, and its GPU runs no gpucoll kernel (computing?)"
+        how = (f"is alive and never entered {label}, and its GPU runs none of this communicator's kernels "
+               f"(computing, or in another call?)")
     else:
         how = f"is alive and never entered {label}, and is in no gpucoll call (computing?)"
     if st["done"] is None:  # a GPU backend that could not read a dead rank's ring

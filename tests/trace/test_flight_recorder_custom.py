@@ -143,8 +143,8 @@ def _silent_worker(comm, odd, mode):
 
 
 SILENT = {  # every rank's kernels are read from its ring through the IPC mapping, its process from /proc
-    "compute": "rank 3 is alive and never entered all_reduce #4, and its GPU runs no gpucoll kernel (computing?) "
-               "(its last completed operation: all_reduce #3, ",
+    "compute": "rank 3 is alive and never entered all_reduce #4, and its GPU runs none of this communicator's "
+               "kernels (computing, or in another call?) (its last completed operation: all_reduce #3, ",
     "stop": "rank 3 is alive but stopped (SIGSTOP or a debugger) and never entered all_reduce #4 (its last "
             "completed operation: all_reduce #3, ",
     "kill": "rank 3 is dead (its process has exited) (what it completed last is gone with it)",
