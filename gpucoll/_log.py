@@ -27,5 +27,10 @@ def debug(message: str) -> None:
     _emit(DEBUG, message)
 
 
+def always(message: str) -> None:
+    """INFO whatever GPUCOLL_LOG_LEVEL says: output a variable asked for by name (GPUCOLL_STRAGGLER_REPORT)."""
+    _C.log(INFO, message, True)
+
+
 def enabled(level: int) -> bool:
     return level <= _C.log_level()

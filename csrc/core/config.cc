@@ -56,9 +56,8 @@ const std::vector<ConfigVar>& config_vars() {
        "How long a waiting host rank spins before it sleeps on a futex. Ranks may outnumber cores, and a "
        "spinning rank would steal the core the awaited rank needs."},
       {"GPUCOLL_STRAGGLER_REPORT", VarType::kInt, "0",
-       "Every this many collectives, rank 0 of a host- or custom-backend communicator writes a one-line straggler "
-       "summary to "
-       "stderr: the ranks that arrived last most often over the last 1000 collectives, and how late (comm."
+       "Every this many collectives, rank 0 of a communicator writes a one-line straggler summary to stderr: the "
+       "ranks that arrived last most often over the last 1000 collectives measured, and how late (comm."
        "stragglers() gives the whole table). 0: never."},
       {"GPUCOLL_TRACE_BUFFER", VarType::kInt, "2000",
        "Entries of each communicator's flight recorder: its last operations with their call, size, algorithm, "

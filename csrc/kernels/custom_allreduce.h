@@ -61,8 +61,8 @@ struct alignas(128) Signals {
   // Arrival views, for the straggler report (CallRecord::late_ns). view[calls & 1][q][x]: how long after its own
   // arrival rank q saw rank x's barrier-0 flag at rank q's previous recorded call, whose number + 1 is
   // view_seq[calls & 1][q]; rank q's block 0 (the thread that signals this rank) copies them here from its
-  // `my_view` with its signature, before its barrier-0 release, so they arrive ordered by the flag like any staged data.
-  // Two halves by kernel parity, as `sig`.
+  // `my_view` with its signature, before its barrier-0 release, so they arrive ordered by the flag like any staged
+  // data. Two halves by kernel parity, as `sig`.
   uint64_t view[2][kMaxRanks][kMaxRanks];
   uint64_t view_seq[2][kMaxRanks];
   // Local: this rank's view of its latest recorded call (written by block 0 after barrier 0, read by the next

@@ -248,14 +248,14 @@ __device__ __forceinline__ bool open_call(const Sync& s, const AllReduceArgs& a)
   return false;
 }
 
-// The last block to finish bumps `calls` for the next kernel, resets the count, and ends the call's record. Plain stores suffice for the
-// next kernel (same stream: it starts after this one completed), but not within this kernel: other blocks read
-// `calls` in begin_call and incremented blocks_done, and with a relaxed count (atomicAdd) nothing orders those
-// accesses before the last block's stores. Under the PTX (and C++) memory model that is a data race on both
-// words; in principle a block could even read the bumped `calls` (load buffering). The count is therefore an
-// acq_rel read-modify-write at device scope: each block's increment releases its thread 0's earlier accesses
-// (its begin_call read included), and the last block's increment acquires every earlier one (they form one
-// release sequence), so its stores happen after all of them. (Found by ThreadSanitizer on the emulated device,
+// The last block to finish bumps `calls` for the next kernel, resets the count, and ends the call's record. Plain
+// stores suffice for the next kernel (same stream: it starts after this one completed), but not within this kernel:
+// other blocks read `calls` in begin_call and incremented blocks_done, and with a relaxed count (atomicAdd) nothing
+// orders those accesses before the last block's stores. Under the PTX (and C++) memory model that is a data race on
+// both words; in principle a block could even read the bumped `calls` (load buffering). The count is therefore an
+// acq_rel read-modify-write at device scope: each block's increment releases its thread 0's earlier accesses (its
+// begin_call read included), and the last block's increment acquires every earlier one (they form one release
+// sequence), so its stores happen after all of them. (Found by ThreadSanitizer on the emulated device,
 // tests/emulation/test_tsan.py.)
 __device__ __forceinline__ void end_call(const Sync& s) {
   __syncthreads();

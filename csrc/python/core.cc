@@ -65,9 +65,13 @@ void bind_core(py::module_& m) {
 
   m.def("log_level", []() { return static_cast<int>(log_level()); });
   m.def("set_log_rank", &set_log_rank, py::arg("rank"));
-  m.def("log", [](int level, const std::string& message) {
-    if (level <= static_cast<int>(log_level())) log_write(static_cast<LogLevel>(level), message);
-  });
+  // force: written whatever GPUCOLL_LOG_LEVEL says (what a variable asked for by name, as GPUCOLL_STRAGGLER_REPORT).
+  m.def(
+      "log",
+      [](int level, const std::string& message, bool force) {
+        if (force || level <= static_cast<int>(log_level())) log_write(static_cast<LogLevel>(level), message);
+      },
+      py::arg("level"), py::arg("message"), py::arg("force") = false);
 }
 
 }  // namespace gpucoll::python

@@ -235,6 +235,7 @@ class NcclBackend:
             native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
         except GpucollError as e:
             raise self._native_failed(e, self._comm.issued) from None
+        self._arrivals.tick()
         if native is None:
             return None
         return self._track(native, src, (src, dst))

@@ -13,6 +13,7 @@ import contextlib
 import json
 import threading
 
+from gpucoll import _log, config
 from gpucoll._native import _C
 
 SAMPLE = 64  # collectives of each rank's enqueue times in the sample its watchdog publishes
@@ -27,6 +28,19 @@ class Arrivals:
         self._lock = threading.Lock()
         self._window = None  # _C.StragglerWindow, made by the first stats()
         self._measured = 0  # the coll_seq of the last collective added to it
+        # GPUCOLL_STRAGGLER_REPORT: rank 0 logs the summary every this many collectives it issues (tick()).
+        self._report = config.get_int("GPUCOLL_STRAGGLER_REPORT") if rank == 0 else 0
+        self._issued = 0
+
+    def tick(self) -> None:
+        """A collective was issued (the caller's thread). Every GPUCOLL_STRAGGLER_REPORT of them, rank 0 logs the
+        summary of the collectives measured so far: those whose samples every peer's watchdog has published (at
+        most 0.5 s behind)."""
+        if self._report > 0:
+            self._issued += 1
+            if self._issued % self._report == 0:
+                with contextlib.suppress(Exception):  # a report never fails a collective
+                    _log.always(self.stats(False)["summary"])
 
     def sample(self) -> list:
         """[coll_seq, wall-clock ns] of this rank's last SAMPLE collectives, as enqueued."""

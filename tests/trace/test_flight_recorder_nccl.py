@@ -209,3 +209,22 @@ def test_nccl_stragglers_match_collectives_not_operation_numbers():
     gpu_arrays.require_nccl_ranks(3)
     for samples, late, last in gpucoll.spawn(_uneven_p2p_worker, 3, backend="nccl", timeout=60):
         assert samples == 5 and last >= 1 and abs(late - DELAY) <= 0.2 * DELAY, (samples, late, last)
+
+
+def _report_worker(comm):
+    x = _device_array(comm, np.ones(4, np.float32))
+    for _ in range(20):
+        comm.all_reduce(x, async_op=True).synchronize()
+        time.sleep(0.03)  # the watchdogs publish their samples meanwhile (at most every 0.5 s)
+
+
+def test_the_summary_is_logged_on_rank_0_every_n_collectives_on_nccl(monkeypatch, capfd):
+    gpu_arrays.require_nccl_ranks(2)
+    monkeypatch.setenv("GPUCOLL_STRAGGLER_REPORT", "5")
+    monkeypatch.setenv("GPUCOLL_LOG_LEVEL", "warn")  # asked for by name: logged whatever the level says
+    gpucoll.spawn(_report_worker, 2, backend="nccl", timeout=60)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "stragglers over the last" in line]
+    # Rank 0 only, at its 5th, 10th, 15th and 20th collective; each summary holds what the samples had reached.
+    assert len(lines) == 4 and all(line.startswith("[gpucoll 0] INFO") for line in lines), lines
+    assert "over the last 0 collectives" not in lines[-1], lines
+

@@ -114,7 +114,8 @@ StragglerWindow::Snapshot KernelTrace::stragglers(bool reset) {
     const std::vector<CallRecord> recs = copy_records();
     // Calls older than the ring's reach are gone; a call whose lateness never settles (a timed-out rank left no
     // view) is passed over once a later call has settled.
-    uint64_t from = std::max<uint64_t>(measured_ + 1, recorded > record_capacity_ ? recorded - record_capacity_ + 1 : 1);
+    const uint64_t oldest = recorded > record_capacity_ ? recorded - record_capacity_ + 1 : 1;
+    const uint64_t from = std::max<uint64_t>(measured_ + 1, oldest);
     std::vector<int64_t> late(static_cast<size_t>(nranks_));
     for (uint64_t n = from; n <= recorded; ++n) {
       const CallRecord& r = recs[(n - 1) % record_capacity_];
