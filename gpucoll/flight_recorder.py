@@ -152,14 +152,19 @@ def _coll(cid: int) -> str:
     return "barrier" if cid < 0 else COLLS[cid] if cid < len(COLLS) else f"collective {cid}"
 
 
+def _gone_or_stopped(state: str, label: str) -> str:
+    """How a rank whose process this machine sees exited or stopped is named (with the backend's view or without)."""
+    if state == "exited":
+        return "is dead (its process has exited)"
+    return f"is alive but stopped (SIGSTOP or a debugger) and never entered {label}"
+
+
 def _absent(r: int, st: dict, label: str) -> str:
     """What rank r, which never entered the failed collective, is doing, from what the backend saw of it."""
     # A GPU backend's states carry the process state taken with them ("proc"), when the failure was found.
-    alive = st.get("proc") or (proc_state(st["pid"]) if st["pid"] > 0 else "")
-    if st["exited"] or alive == "exited":
-        how = "is dead (its process has exited)"
-    elif alive == "stopped":
-        how = f"is alive but stopped (SIGSTOP or a debugger) and never entered {label}"
+    alive = "exited" if st["exited"] else st.get("proc") or (proc_state(st["pid"]) if st["pid"] > 0 else "")
+    if alive in ("exited", "stopped"):
+        how = _gone_or_stopped(alive, label)
     elif st["entered"] > st["done"] or st.get("in_p2p"):
         how = f"is alive but elsewhere and never entered {label}: {st['where']}"
     elif st.get("device"):  # what its kernels show: none running, which also holds for a rank in an NCCL call
@@ -179,10 +184,8 @@ def _absent(r: int, st: dict, label: str) -> str:
 def _silent(r: int, state, label: str):
     """What this machine saw of rank r's process (proc_state, taken when the failure was found), for a rank that
     sent no tail and whose backend cannot see it: dead, stopped or running; None where it cannot tell."""
-    if state == "exited":
-        return f"rank {r} is dead (its process has exited)"
-    if state == "stopped":
-        return f"rank {r} is alive but stopped (SIGSTOP or a debugger) and never entered {label}"
+    if state in ("exited", "stopped"):
+        return f"rank {r} {_gone_or_stopped(state, label)}"
     if state == "running":
         return f"rank {r} is alive and sent no report: it is not in {label} (computing, or in another call)"
     return None
