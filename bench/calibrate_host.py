@@ -7,7 +7,7 @@ Every algorithm runs at every size; each measurement gives one equation
 where X (synchronisations: pieces * (steps + 1), times ranks/cores when oversubscribed) and Y (bytes moved per
 rank, likewise scaled) come from the model itself (gpucoll._C.predict, i.e. the schedule checker's counts),
 and c is the fixed per-call cost that all algorithms share. A least-squares fit gives a and b; the defaults in
-csrc/algo/selector.cc come from this script. It prints the fit, its quality, and how often the model's
+csrc/select/selector.cc come from this script. It prints the fit, its quality, and how often the model's
 choice was the measured best.
 """
 

@@ -13,16 +13,16 @@ import sys
 # Every tool gpucoll installs is here, under the name its console script or module also has: `--help` is where a
 # new user looks for what there is, and the console scripts need the environment's bin on PATH, this does not.
 COMMANDS = {
-    "info": ("gpucoll.info", "main", "report build, CUDA, NCCL, NVML, GPUCOLL_* settings and package versions"),
+    "info": ("gpucoll.cli.info", "main", "report build, CUDA, NCCL, NVML, GPUCOLL_* settings and package versions"),
     "bench": ("gpucoll.bench.cli", "main", ("benchmark and check collectives with nccl-tests' flags and table; "
                                             "--health-check checks every collective (also: gpucoll-bench)")),
-    "topo": ("gpucoll.topo_cli", "main", ("the GPU wiring and what gpucoll would run on it; --from-nvidia-smi FILE "
+    "topo": ("gpucoll.cli.topo", "main", ("the GPU wiring and what gpucoll would run on it; --from-nvidia-smi FILE "
                                           "explains another machine (also: gpucoll-topo)")),
-    "tune": ("gpucoll.tune", "main", "fit the cost model to gpucoll-bench --json runs (also: gpucoll-tune)"),
-    "trace": ("gpucoll.trace_cli", "main", ("merge the flight-recorder dumps of a failed collective: where every "
+    "tune": ("gpucoll.cli.tune", "main", "fit the cost model to gpucoll-bench --json runs (also: gpucoll-tune)"),
+    "trace": ("gpucoll.cli.trace", "main", ("merge the flight-recorder dumps of a failed collective: where every "
                                             "rank was, the last collectives, stragglers; --plot draws the ranks")),
-    "explain": ("gpucoll.algo", "explain_main", ("compare the algorithms for one collective call "
-                                                 "(also: python -m gpucoll.algo explain)")),
+    "explain": ("gpucoll.cli.explain", "explain_main", ("compare the algorithms for one collective call "
+                                                       "(also: python -m gpucoll.algo explain)")),
 }
 
 

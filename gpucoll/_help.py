@@ -1,4 +1,4 @@
-"""What gpucoll's command lines (gpucoll-bench, gpucoll-topo, gpucoll-tune, python -m gpucoll.algo/info and the
+"""What gpucoll's command lines (gpucoll-bench, gpucoll-topo, gpucoll-tune, python -m gpucoll explain/info and the
 scripts in bench/) share: a --help where every option shows its default and descriptions keep the line breaks they
 were written with, and a quiet exit when the reader of their output leaves (``| head``)."""
 

@@ -11,7 +11,7 @@ entries, 2000 by default). When a collective times out or a peer fails, the Comm
    temporary directory), with the whole ring, the peers' tails, and where each rank is as the backend sees it;
 4. appends to the error's message where every rank is (dead; alive but elsewhere; alive and not arrived, running
    or stopped), how long the others have waited, the file's path and the command that merges every rank's
-   (``python -m gpucoll trace``, gpucoll/trace_cli.py).
+   (``python -m gpucoll trace``, gpucoll/cli/trace.py).
 
 A failure inside the report never hides the error it reports: whatever goes wrong here is said in one line of the
 message instead.
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from gpucoll import _log, config
-from gpucoll.algo import COLLS
+from gpucoll._native import _C
 from gpucoll.errors import GpucollError, Unsupported
 
 FORMAT = "gpucoll-trace"
@@ -149,7 +149,8 @@ def _ranks_text(ranks: list) -> str:
 
 
 def _coll(cid: int) -> str:
-    return "barrier" if cid < 0 else COLLS[cid] if cid < len(COLLS) else f"collective {cid}"
+    names = _C.coll_names()  # the core's table (algo::Coll), the one list of collectives
+    return "barrier" if cid < 0 else names[cid] if cid < len(names) else f"collective {cid}"
 
 
 def _gone_or_stopped(state: str, label: str) -> str:

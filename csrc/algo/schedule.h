@@ -1,8 +1,8 @@
 // Schedules: what every rank does at every step of a collective algorithm, as data.
 //
 // One schedule, several executors. The host backend (csrc/backends/host/) and the CUDA kernels
-// (csrc/kernels/) both run the ops produced here, so the CPU tests check the same logic the GPU runs. The
-// generator side (everything in csrc/algo/*.h) is header-only and compiles as host C++ and as CUDA device
+// (csrc/backends/custom/kernels/) both run the ops produced here, so the CPU tests check the same logic the GPU
+// runs. The generator side (everything in csrc/algo/*.h) is header-only and compiles as host C++ and as CUDA device
 // code: no STL, no exceptions, no allocation - callers pass an output array of Schedule::max_ops entries.
 //
 // The model is "pull": every rank owns a work buffer that its peers can read (shared memory on the host,

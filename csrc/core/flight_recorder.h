@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "algo/call_sig.h"
+#include "check/call_sig.h"
 
 namespace gpucoll {
 

@@ -6,10 +6,10 @@
 #include <tuple>
 #include <vector>
 
-#include "algo/call_mismatch.h"
+#include "check/call_mismatch.h"
 #include "algo/checker.h"
 #include "algo/registry.h"
-#include "algo/selector.h"
+#include "select/selector.h"
 #include "core/error.h"
 #include "python/bindings.h"
 
@@ -212,7 +212,7 @@ void bind_algo(py::module_& m) {
         return py::bytes(reinterpret_cast<const char*>(&s), sizeof s);
       },
       py::arg("seq"), py::arg("coll"), py::arg("dtype"), py::arg("op"), py::arg("premul"), py::arg("root"),
-      py::arg("count"), "A collective call's signature (csrc/algo/call_sig.h) as bytes; coll < 0 is a barrier.");
+      py::arg("count"), "A collective call's signature (csrc/check/call_sig.h) as bytes; coll < 0 is a barrier.");
   m.def(
       "call_mismatch",
       [](const std::vector<std::string>& sigs) -> py::object {

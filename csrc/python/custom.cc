@@ -15,9 +15,9 @@
 #include "python/bindings.h"
 
 #ifdef GPUCOLL_WITH_CUDA
-#include "backends/custom_cuda/custom_comm.h"
-#include "backends/custom_cuda/peer_memory.h"
-#include "backends/custom_cuda/stream_graph.h"
+#include "backends/custom/cuda/custom_comm.h"
+#include "backends/custom/cuda/peer_memory.h"
+#include "backends/custom/cuda/stream_graph.h"
 #endif
 
 namespace py = pybind11;

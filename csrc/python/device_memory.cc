@@ -11,8 +11,8 @@
 #include "python/bindings.h"
 
 #ifdef GPUCOLL_WITH_CUDA
-#include "backends/custom_cuda/device_buffer.h"
-#include "backends/nccl_cuda/cuda_util.h"
+#include "device/cuda/device_buffer.h"
+#include "device/cuda/cuda_util.h"
 #endif
 
 namespace py = pybind11;

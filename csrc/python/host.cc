@@ -4,7 +4,7 @@
 #include <tuple>
 
 #include "algo/registry.h"
-#include "algo/selector.h"
+#include "select/selector.h"
 #include "backends/host/host_comm.h"
 #include "backends/host/kernels.h"
 #include "core/config.h"

@@ -15,8 +15,8 @@
 #include "python/bindings.h"
 
 #ifdef GPUCOLL_WITH_CUDA
-#include "backends/nccl_cuda/cuda_util.h"
-#include "backends/nccl_cuda/nccl_comm.h"
+#include "device/cuda/cuda_util.h"
+#include "backends/nccl/cuda/nccl_comm.h"
 #endif
 
 namespace py = pybind11;

@@ -1,17 +1,17 @@
-// Build information, the CUDA driver/runtime probe and the NCCL loader, as plain dicts for gpucoll.info and
+// Build information, the CUDA driver/runtime probe and the NCCL loader, as plain dicts for gpucoll.cli.info and
 // gpucoll._nccl. Nothing here raises for a missing GPU, driver or NCCL: those are states with reasons.
 #include <pybind11/stl.h>
 
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cuda_probe.h"
+#include "device/cuda_probe.h"
 #include "backends/nccl/nccl_loader.h"
 #include "core/error.h"
 #include "python/bindings.h"
 
 #ifdef GPUCOLL_WITH_CUDA
-#include "kernels/cuda_runtime_info.h"
+#include "device/cuda/cuda_runtime_info.h"
 #endif
 #ifdef GPUCOLL_CUDA_EMULATION
 #include <gpucoll_emu/api.h>

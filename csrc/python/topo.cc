@@ -1,14 +1,14 @@
-// Bindings of the topology value (csrc/topo/topology.h) and the topology-aware cost model (csrc/topo/cost.h).
+// Bindings of the topology value (csrc/topo/topology.h) and the topology-aware cost model (csrc/select/cost.h).
 #include <pybind11/stl.h>
 
 #include <algorithm>
 
 #include "algo/registry.h"
-#include "algo/selector.h"
+#include "select/selector.h"
 #include "core/error.h"
 #include "python/bindings.h"
-#include "topo/cost.h"
-#include "topo/nccl_model.h"
+#include "select/cost.h"
+#include "select/nccl_model.h"
 #include "topo/topology.h"
 
 namespace py = pybind11;

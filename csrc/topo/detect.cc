@@ -24,7 +24,7 @@
 
 #include <dirent.h>
 
-#include "backends/cuda/cuda_probe.h"
+#include "device/cuda_probe.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"

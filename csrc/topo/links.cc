@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "topo/cost.h"
+#include "select/cost.h"
 
 namespace gpucoll::topo {
 

@@ -1,4 +1,4 @@
-"""The custom backend: gpucoll's own allreduce kernels over peer memory (``csrc/kernels/{one_shot,two_shot,ring,
+"""The custom backend: gpucoll's own allreduce kernels over peer memory (``csrc/backends/custom/kernels/{one_shot,two_shot,ring,
 tree}.cu``), with NCCL for everything they do not cover.
 
 Each rank allocates a staging buffer (two halves of ``GPUCOLL_CUSTOM_BUFFER_BYTES``) and a signal area on its GPU,
@@ -43,7 +43,6 @@ __all__ = ["ALGORITHMS", "Custom", "CustomBackend", "CustomWork", "check_usable"
            "problems", "resolve_algo", "spawn_plan", "takes_auto"]
 
 _ALL_REDUCE = 0
-_COLL_NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 
 
 def spawn_plan(nranks: int, env=None):
@@ -157,7 +156,7 @@ class CustomBackend:
 
     # -- the flight recorder and stragglers -----------------------------------------------------------------------
     def trace(self, last: int) -> dict:
-        """The kernels' calls (csrc/backends/custom_cuda/kernel_trace.h: enqueue time on the host; start, end and
+        """The kernels' calls (csrc/backends/custom/cuda/kernel_trace.h: enqueue time on the host; start, end and
         state as the device recorded them) and, merged by enqueue time, the NCCL fallback's, whose names carry
         "nccl:" (the two number their collectives apart, alike on every rank, so each keeps its numbers)."""
         t = self._native.trace(last)
@@ -198,7 +197,7 @@ class CustomBackend:
     # -- calls ----------------------------------------------------------------------------------------------------
     def _decline(self, coll: int, src, dst, count: int, redop) -> str:
         if coll != _ALL_REDUCE:
-            return f"{_COLL_NAMES[coll]} has no custom kernel (they do all_reduce)"
+            return f"{_C.coll_names()[coll]} has no custom kernel (they do all_reduce)"
         premul = type(redop) is PreMulSum
         op = self._sum if premul or redop is None else redop
         reg = self._native.registered_bytes(src.ptr)
@@ -256,7 +255,7 @@ class CustomBackend:
         nccl = self._require_nccl(f"this call ({reason})")
         if reason not in self._logged:
             self._logged.add(reason)
-            _log.info(f"custom backend: NCCL runs {_COLL_NAMES[coll]}: {reason}")
+            _log.info(f"custom backend: NCCL runs {_C.coll_names()[coll]}: {reason}")
         self.stats["nccl"] += 1
         return nccl.collective(coll, src, dst, count, redop, root, stream, async_op)
 

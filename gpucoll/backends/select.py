@@ -1,4 +1,4 @@
-"""Per-communicator choice of backend and algorithm: the topology-aware cost model (csrc/topo/cost.cc) fed with
+"""Per-communicator choice of backend and algorithm: the topology-aware cost model (csrc/select/cost.cc) fed with
 this job's wiring, placement and available backends, behind a cache.
 
 Built once at init by every rank together (:func:`build`): each rank detects its machine (or reads

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import gpucoll
-from gpucoll import __version__, info
+from gpucoll import __version__
 from gpucoll._native import _C
 from gpucoll._spawn import free_port
 from gpucoll.bench import colls, devmem, report, virtual
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
+from gpucoll.cli import info
 from gpucoll.errors import GpucollError, InvalidArgument
 
 AVERAGE_NAMES = ("rank0", "avg", "min", "max")  # nccl-tests' -a 0/1/2/3
@@ -481,7 +482,7 @@ def _ranges(runs: list) -> str:
 
 
 def _info() -> dict:
-    """`gpucoll info --json`'s object (gpucoll.info.collect); an error string instead of failing the run."""
+    """`gpucoll info --json`'s object (gpucoll.cli.info.collect); an error string instead of failing the run."""
     try:
         return info.collect()
     except Exception as e:  # noqa: BLE001 - the environment is informative, never fatal

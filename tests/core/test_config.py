@@ -209,7 +209,7 @@ def test_secret_values_are_never_shown(monkeypatch):
     monkeypatch.setenv("GPUCOLL_STORE_SECRET", "do-not-print-this-0123456789")
     (var,) = [v for v in config.variables() if v["name"] == "GPUCOLL_STORE_SECRET"]
     assert var["type"] == "secret" and var["is_set"] and var["value"] == "(hidden)", var
-    from gpucoll import info
+    from gpucoll.cli import info
 
     assert "do-not-print-this" not in info.format_text(info.collect())
     assert config.get("GPUCOLL_STORE_SECRET") == "do-not-print-this-0123456789"  # readable by gpucoll itself

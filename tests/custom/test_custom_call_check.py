@@ -1,4 +1,4 @@
-"""The custom kernels' cross-rank call check (kernels/peer_sync.cuh, open_call): every rank's all_reduce carries
+"""The custom kernels' cross-rank call check (backends/custom/kernels/peer_sync.cuh, open_call): every rank's all_reduce carries
 its signature (count, dtype, op, algorithm, call number) in barrier 0, so calls that differ across ranks move no
 data at all and raise the same InvalidArgument on every rank where the kernels are next synchronised (barrier(),
 a Work's synchronize(), VirtualRanks.synchronize()), and the communicator stays usable: later matched calls are

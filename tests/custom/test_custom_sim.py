@@ -1,4 +1,4 @@
-"""A host simulation of the custom allreduce kernels' flag protocol (csrc/kernels/{one_shot,two_shot,ring,tree}.cu,
+"""A host simulation of the custom allreduce kernels' flag protocol (csrc/backends/custom/kernels/{one_shot,two_shot,ring,tree}.cu,
 peer_sync.cuh), run on the CPU with every (rank, block) as an interleaved process, for the CPU-only suite.
 
 What it checks: the kernels' *logic* - which barrier orders which read after which write, what a rank one call

@@ -1,7 +1,7 @@
 """ThreadSanitizer on the custom kernels' flag protocol: the virtual-ranks harness (native/vranks_harness.cc) built
 with -fsanitize=thread, P ranks in one process on the emulated device, where every CUDA thread is a fiber TSan
 knows about and __syncthreads is a release/acquire barrier among a block's threads. The kernels' PTX primitives run
-as C++ atomics with the same orders (kernels/sync_primitives.cuh), so TSan checks the protocol against the memory
+as C++ atomics with the same orders (backends/custom/kernels/sync_primitives.cuh), so TSan checks the protocol against the memory
 model the PTX promises.
 
 * The real protocol: no report, through every kernel, multi-block calls, pieces, registered and in-place inputs,

@@ -1,5 +1,5 @@
 """Every command line's --help: each option has help, shows its default, and no reST markup leaks into it
-(gpucoll-bench and its health check and report, gpucoll-topo, gpucoll-tune, python -m gpucoll.algo/info, and the
+(gpucoll-bench and its health check and report, gpucoll-topo, gpucoll-tune, python -m gpucoll explain/info, and the
 scripts in bench/)."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpucoll import algo, info, topo_cli, trace_cli, tune
 from gpucoll._help import default_text
 from gpucoll.bench import args, check, cli, plot
+from gpucoll.cli import explain, info, tune
+from gpucoll.cli import topo as topo_cli
+from gpucoll.cli import trace as trace_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +35,7 @@ PARSERS = {
     "gpucoll-bench report": plot._report_parser,
     "gpucoll-topo": topo_cli._parser,
     "gpucoll-tune": tune._parser,
-    "python -m gpucoll.algo": algo._parser,
+    "python -m gpucoll explain": explain._parser,
     "python -m gpucoll info": info._parser,
     "python -m gpucoll trace": trace_cli._parser,
     "bench/ddp_step.py": lambda: _script_parser("ddp_step"),

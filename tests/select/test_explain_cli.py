@@ -1,4 +1,4 @@
-"""`python -m gpucoll.algo explain ...`: the table of algorithms for one call, run as a user would (subprocess).
+"""`python -m gpucoll explain ...`: the table of algorithms for one call, run as a user would (subprocess).
 
 The numbers it prints are checked against gpucoll._C (the selector and the model), so the CLI cannot drift from
 what algo="auto" does.
@@ -110,7 +110,7 @@ def test_other_collectives(coll):
 
 
 def test_explain_function_returns_the_table():
-    from gpucoll.algo import explain as explain_fn
+    from gpucoll.cli.explain import explain as explain_fn
 
     buf = io.StringIO()
     d = explain_fn("all_reduce", 8, 1 << 20, out=buf)
@@ -167,8 +167,8 @@ def test_collective_names_as_gpucoll_bench_takes_them(spelling):
 def test_every_name_gpucoll_bench_takes_is_explained():
     """explain refused sendrecv, though it takes gpucoll-bench's names: the point-to-point ones say that they have no
     algorithm to choose."""
-    from gpucoll.algo import explain as explain_fn
     from gpucoll.bench import colls
+    from gpucoll.cli.explain import explain as explain_fn
 
     for name in colls.names():
         buf = io.StringIO()

@@ -1,4 +1,4 @@
-"""The NCCL model against published nccl-tests results, and NCCL's own rules it follows (csrc/topo/nccl_model.cc).
+"""The NCCL model against published nccl-tests results, and NCCL's own rules it follows (csrc/select/nccl_model.cc).
 
 The error table (median and worst |error| per class of system, calibration and validation points apart) is
 printed by test_error_per_class_on_validation_points (run pytest with -s, or `python
@@ -14,9 +14,10 @@ import pathlib
 
 import pytest
 
-from gpucoll import _C, tune
+from gpucoll import _C
 from gpucoll import _published as P
 from gpucoll import topology as T
+from gpucoll.cli import tune
 from gpucoll.errors import InvalidArgument
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "topo"
@@ -230,7 +231,7 @@ def test_tune_fits_network_from_multinode_runs(tmp_path, capsys):
 # ---- gpucoll-topo says how sure it is -------------------------------------------------------------------------------
 
 def test_topo_cli_shows_confidence(capsys):
-    from gpucoll import topo_cli
+    from gpucoll.cli import topo as topo_cli
 
     assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt"), "--gpu", "H100"]) == 0
     out = capsys.readouterr().out

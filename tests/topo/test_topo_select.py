@@ -1,4 +1,4 @@
-"""Topology-aware selection (csrc/topo/cost.cc), gpucoll-topo and gpucoll-tune."""
+"""Topology-aware selection (csrc/select/cost.cc), gpucoll-topo and gpucoll-tune."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_one_gpu_node_prices_every_candidate():
 
 
 def test_topo_cli(capsys):
-    from gpucoll import topo_cli
+    from gpucoll.cli import topo as topo_cli
 
     assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt")]) == 0
     out = capsys.readouterr().out
@@ -178,7 +178,7 @@ def test_bare_topo_without_gpus_names_examples_that_ship(monkeypatch, capsys, tm
     and those files are in the package (a wheel holds them: setup.py's package_data)."""
     import shutil
 
-    from gpucoll import topo_cli
+    from gpucoll.cli import topo as topo_cli
 
     doc = json.loads((FIX / "h100_2node_16x.json").read_text())
     doc = {k: ([] if k in ("gpus", "nics", "links") else v) for k, v in doc.items()}  # no GPU: what detect finds
@@ -187,7 +187,7 @@ def test_bare_topo_without_gpus_names_examples_that_ship(monkeypatch, capsys, tm
     out = capsys.readouterr().out
     tries = re.findall(r"^#   gpucoll-topo (--from-[\w-]+) (\S+)", out, re.MULTILINE)
     assert "--from-nvidia-smi" in {flag for flag, _ in tries} and "--from-nvidia-smi FILE" in out, out
-    package = pathlib.Path(topo_cli.__file__).resolve().parent
+    package = pathlib.Path(topo_cli.__file__).resolve().parent.parent  # gpucoll/, which ships topo_examples/
     for flag, path in tries:
         path = pathlib.Path(path)
         assert path.parent == package / "topo_examples", path
@@ -206,7 +206,8 @@ def test_bare_topo_without_gpus_names_examples_that_ship(monkeypatch, capsys, tm
 
 
 def test_tune_fits_host_bench_json(tmp_path):
-    from gpucoll import _C, tune
+    from gpucoll import _C
+    from gpucoll.cli import tune
 
     # Synthetic gpucoll-bench document generated from known a and b: the fit must recover them.
     a, b = 10e-6, 0.2e-9
@@ -241,7 +242,7 @@ def _bench_doc(backend, algo, coll, nranks, a, b, model_backend=None):
 
 
 def test_tune_nccl_auto_rows_and_fit_table(tmp_path, capsys):
-    from gpucoll import tune
+    from gpucoll.cli import tune
 
     # NCCL runs are benchmarked as algo=auto: they are fitted as the ring the model prices NCCL with.
     src = tmp_path / "nccl.json"
@@ -263,7 +264,7 @@ def test_tune_nccl_auto_rows_and_fit_table(tmp_path, capsys):
 
 def test_tune_reads_each_rows_backend_in_a_merged_sweep(tmp_path):
     """A --backend host,nccl document joins the names in environment.backend; each row names its own."""
-    from gpucoll import tune
+    from gpucoll.cli import tune
 
     host = _bench_doc("host", "ring", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
     nccl = _bench_doc("nccl", "auto", "all_reduce", 4, 5e-6, 1 / 300e9)
@@ -292,7 +293,8 @@ def test_tune_fits_a_default_benchmark_run_by_what_auto_ran(tmp_path, capsys):
     import subprocess
     import sys
 
-    from gpucoll import _C, tune
+    from gpucoll import _C
+    from gpucoll.cli import tune
 
     src = tmp_path / "default.json"
     cmd = [sys.executable, "-c", "import sys; from gpucoll.bench.cli import main; sys.exit(main())", "all_reduce",
@@ -317,7 +319,7 @@ def test_tune_fits_a_default_benchmark_run_by_what_auto_ran(tmp_path, capsys):
 def test_tune_rejects_fits_that_would_mislead_auto(tmp_path, capsys):
     """A series the line steps * a + bytes * b does not describe (R^2 0.39, a worst error of 88% were accepted
     silently) is reported and kept out of "fits", which the selector reads; a clean one is written."""
-    from gpucoll import tune
+    from gpucoll.cli import tune
 
     good = _bench_doc("host", "ring", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
     bad = _bench_doc("host", "tree", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
@@ -347,7 +349,7 @@ def test_tune_rejects_fits_that_would_mislead_auto(tmp_path, capsys):
 
 
 def test_tune_says_to_rerun_when_auto_rows_do_not_say_what_ran(tmp_path, capsys):
-    from gpucoll import tune
+    from gpucoll.cli import tune
 
     src = tmp_path / "old.json"
     src.write_text(json.dumps(_bench_doc("host", "auto", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")))
@@ -359,7 +361,7 @@ def test_tune_says_to_rerun_when_auto_rows_do_not_say_what_ran(tmp_path, capsys)
 
 def test_tune_counts_sizes_not_points(tmp_path, capsys):
     """In-place and out-of-place rows of one size are two points but not a line: such a series is skipped."""
-    from gpucoll import tune
+    from gpucoll.cli import tune
 
     doc = _bench_doc("host", "ring", "all_reduce", 4, 10e-6, 1 / 5e9, model_backend="custom")
     doc["results"] = [dict(r, in_place=r["out_of_place"]) for r in doc["results"][:1]]
@@ -367,7 +369,7 @@ def test_tune_counts_sizes_not_points(tmp_path, capsys):
 
 
 def test_topo_cli_labels_per_node_rings_and_unknown_nic_speeds(tmp_path, capsys):
-    from gpucoll import topo_cli
+    from gpucoll.cli import topo as topo_cli
 
     assert topo_cli.main(["--from-nvidia-smi", str(FIX / "h100_8x_nvsmi.txt"), "--nodes", "2"]) == 0
     out = capsys.readouterr().out

@@ -1,6 +1,6 @@
 """The flight recorder and the straggler report on the custom kernels, on a GPU or on the emulated device: each
 allreduce recorded at enqueue on the host and by the kernels on the device (start, end, timed-out or mismatched,
-every rank's arrival at barrier 0), read only when asked (csrc/backends/custom_cuda/kernel_trace.h); each rank's
+every rank's arrival at barrier 0), read only when asked (csrc/backends/custom/cuda/kernel_trace.h); each rank's
 lateness measured in barrier 0 with no common clock; a rank that never arrives turned into a hang report on the
 ranks that waited.
 """

@@ -1,5 +1,5 @@
-// Host-side decisions of gpucoll's own allreduce kernels (csrc/kernels/{one_shot,two_shot,ring,tree}.cu):
-// which algorithm, how many blocks x threads, and how many blocks each rank may use when several ranks share
+// Host-side decisions of gpucoll's own allreduce kernels (kernels/{one_shot,two_shot,ring,tree}.cu beside this
+// file): which algorithm, how many blocks x threads, and how many blocks each rank may use when several ranks share
 // one GPU. Plain C++ with no CUDA header, so the CPU tests check exactly what the launchers use.
 #pragma once
 
@@ -12,7 +12,7 @@ namespace gpucoll::custom {
 enum class Algo : int32_t { kOneShot = 0, kTwoShot = 1, kRing = 2, kTree = 3 };
 constexpr int kNumAlgos = 4;
 
-// Limits baked into the device data structures (kernels/custom_allreduce.h mirrors them).
+// Limits baked into the device data structures (backends/custom/kernels/custom_allreduce.h mirrors them).
 constexpr int kMaxRanks = 8;    // peer tables hold 8 pointers; one-shot reads all P inputs per element
 constexpr int kMaxBlocks = 64;  // rows of flags in the signal area, one per block index
 constexpr int kThreads = 512;   // threads per block of every custom kernel (see launch_shape.cc)

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "algo/call_mismatch.h"
+#include "check/call_mismatch.h"
 #include "backends/host/kernels.h"
 #include "core/premul.h"
 #include "backends/host/region.h"

@@ -9,7 +9,7 @@
 // runs the whole schedule; ranks are only coupled through step counters, so successive pieces overlap across
 // ranks (a pipelined ring, not a lock-step one).
 //
-// Every collective is checked against the other ranks' calls (algo/call_sig.h): each rank writes its call's
+// Every collective is checked against the other ranks' calls (check/call_sig.h): each rank writes its call's
 // signature next to its step counter before the copy-in step of the first piece publishes it, and waits for
 // every rank's copy-in step (not only the peers its first step reads) before going on. That wait costs no extra
 // round trip - the copy-in steps are published anyway, and every rank of any collective but a rooted one's root
@@ -29,7 +29,7 @@
 #include <tuple>
 #include <vector>
 
-#include "algo/call_sig.h"
+#include "check/call_sig.h"
 #include "algo/registry.h"
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
@@ -43,7 +43,7 @@ namespace gpucoll::host {
 struct Ctl;      // region.h
 struct PairCtl;  // region.h
 
-// Ranks made different collective calls (algo/call_sig.h). Every rank raises it, after the same one step and
+// Ranks made different collective calls (check/call_sig.h). Every rank raises it, after the same one step and
 // with the same message, so unlike other errors it leaves the communicator usable.
 class CallMismatch : public Error {
  public:

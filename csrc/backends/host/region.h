@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "algo/call_sig.h"
+#include "check/call_sig.h"
 #include "backends/host/sync.h"
 
 namespace gpucoll::host {

@@ -1,5 +1,5 @@
 // Which features the loaded NCCL has, as pure functions of its version code (premul_sum scalars: core/premul.h).
-// Kept apart from the communicator (nccl_cuda/) so that this logic builds and is tested
+// Kept apart from the communicator (nccl/cuda/) so that this logic builds and is tested
 // without CUDA: the checks run before anything touches a GPU, and tests feed them fake versions.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Internals of gpucoll's NCCL stand-in (libnccl-emu.so): a library with NCCL's C ABI that runs on the emulated CUDA
-// device, so that gpucoll's NCCL communicator (csrc/backends/nccl_cuda/) and the Python NCCL backend execute without a
+// device, so that gpucoll's NCCL communicator (csrc/backends/nccl/cuda/) and the Python NCCL backend execute without a
 // GPU. It stands for NCCL only: the code under test is gpucoll's, loaded through gpucoll's normal NCCL loader.
 //
 // Map of the library:

@@ -1,7 +1,7 @@
 // Launchers of the kernels a harness build leaves out (GPUCOLL_KERNELS in CMakeLists.txt): a check that needs one
 // kernel (ThreadSanitizer with a weakened release) then recompiles one kernel file instead of four. They fail like
 // a launcher without a kernel for the dtype, and the harness runs only the algorithms that were built.
-#include "kernels/custom_allreduce.h"
+#include "backends/custom/kernels/custom_allreduce.h"
 
 namespace gpucoll::cuda::custom {
 

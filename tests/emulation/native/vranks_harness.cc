@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "backends/custom/eligibility.h"
-#include "backends/custom_cuda/custom_comm.h"
-#include "backends/custom_cuda/stream_graph.h"
+#include "backends/custom/cuda/custom_comm.h"
+#include "backends/custom/cuda/stream_graph.h"
 #include "backends/host/kernels.h"
 #include "core/dispatch.h"
 #include "core/types.h"

@@ -12,7 +12,7 @@
 // - __ldcg (cache-global load) is a plain load: it bypasses L1 on a GPU, which changes nothing about ordering, so
 //   a plain load racing a write is exactly as wrong here (and to ThreadSanitizer) as the GPU code would be.
 // Ordering primitives that do more (release/acquire at system scope) are not here: they live next to their PTX in
-// csrc/kernels/sync_primitives.cuh, so the two implementations can be read side by side.
+// csrc/backends/custom/kernels/sync_primitives.cuh, so the two implementations can be read side by side.
 #pragma once
 
 #include <stdint.h>
