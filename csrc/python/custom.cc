@@ -169,6 +169,18 @@ void bind_cuda(py::module_& m) {
           py::arg("stream"), py::arg("max_blocks") = 0, py::arg("piece") = -1,
           "Enqueue the call (piece >= 0: only that piece); returns how many pieces the call has.")
       .def(
+          "run_all_reduce",
+          [](CustomComm& c, uintptr_t in, uintptr_t out, size_t count, DType dtype, RedOp op, bool premul,
+             const std::string& algo, uintptr_t stream) {
+            return c.run_all_reduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count, dtype, op,
+                                    premul, algo, as_stream(stream));
+          },
+          py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("premul"),
+          py::arg("algo"), py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+          "One allreduce, checked, chosen and enqueued: '' when it runs here, else why the kernels decline it.")
+      .def("set_placement", &CustomComm::set_placement, py::arg("hosts"), py::arg("p2p"),
+           "Every rank's host and the agreed P2P matrix; returns why the kernels can never run here ('' if they can).")
+      .def(
           "shape_for",
           [](const CustomComm& c, const std::string& algo, size_t bytes, DType dtype, RedOp op) {
             const custom::LaunchShape s = c.shape_for(algo_arg(algo), bytes, dtype, op);

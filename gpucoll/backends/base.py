@@ -63,17 +63,18 @@ class Backend(abc.ABC):
         """Run collective `coll` (`redop`: a gpucoll._C.RedOp, a PreMulSum, or None where the collective has no
         op); returns a Work for async_op where the operation may still run, else None."""
 
-    @abc.abstractmethod
+    # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
         """Send `buf` to `peer`, or receive into it; returns like collective."""
+        return self.impl.p2p(send, peer, buf, stream, async_op)
 
-    @abc.abstractmethod
     def group(self):
         """A context manager: the operations issued inside it progress together when the outermost one exits."""
+        return self.impl.group()
 
-    @abc.abstractmethod
     def barrier(self) -> None:
         """Returns once every rank called barrier()."""
+        self.impl.barrier()
 
     @abc.abstractmethod
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:

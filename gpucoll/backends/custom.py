@@ -1,14 +1,15 @@
-"""The custom backend: gpucoll's own allreduce kernels over peer memory (``csrc/backends/custom/kernels/{one_shot,two_shot,ring,
-tree}.cu``), with NCCL for everything they do not cover.
+"""The custom backend: gpucoll's own allreduce kernels over peer memory
+(``csrc/backends/custom/kernels/{one_shot,two_shot,ring,tree}.cu``), with NCCL for everything they do not cover.
 
 Each rank allocates a staging buffer (two halves of ``GPUCOLL_CUSTOM_BUFFER_BYTES``) and a signal area on its GPU,
 publishes the CUDA IPC handle through the rendezvous store, and maps every peer's. Ranks may share a GPU (P
 processes on one device: correct but slow, since spinning kernels only progress when the GPU switches between
 processes); ``gpucoll.testing.virtual_ranks`` runs P ranks in one process instead.
 
-Per call, an allreduce runs on the custom kernels when it is eligible (``_C.custom_eligibility``: same node, P2P
-proven by a real copy at set-up, dtype float32/float16/bfloat16/float64/int32, op sum/min/max/avg); otherwise the
-reason is logged once (INFO) and NCCL runs the call, or ``Unsupported`` is raised when
+Per call, an allreduce runs on the custom kernels when it is eligible (csrc/backends/custom/eligibility.h: same
+node, P2P proven by a real copy at set-up, dtype float32/float16/bfloat16/float64/int32, op sum/min/max/avg),
+checked, its algorithm chosen and the kernel enqueued in one native call (``CustomComm.run_all_reduce``); otherwise
+the reason is logged once (INFO) and NCCL runs the call, or ``Unsupported`` is raised when
 ``GPUCOLL_CUSTOM_NCCL_FALLBACK=0`` or NCCL is unavailable. Every fact in the decision is the same on every rank, so
 ranks never split between backends. ``stats`` counts the calls each path ran.
 
@@ -29,7 +30,7 @@ import socket
 from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._native import _C
 from gpucoll.backends import nccl, select
-from gpucoll.backends.base import BLOCKED
+from gpucoll.backends.base import BLOCKED, Backend
 from gpucoll.backends.usable import CUSTOM_ALGORITHMS as ALGORITHMS
 from gpucoll.backends.usable import MULTI_RANK_ENV, pick_device
 from gpucoll.backends.usable import check_custom_usable as check_usable
@@ -195,32 +196,27 @@ class CustomBackend:
         return out
 
     # -- calls ----------------------------------------------------------------------------------------------------
-    def _decline(self, coll: int, src, dst, count: int, redop) -> str:
-        if coll != _ALL_REDUCE:
-            return f"{_C.coll_names()[coll]} has no custom kernel (they do all_reduce)"
-        premul = type(redop) is PreMulSum
-        op = self._sum if premul or redop is None else redop
-        reg = self._native.registered_bytes(src.ptr)
-        d = _C.custom_eligibility(self.world_size, self._hosts, self._p2p, src.dtype, op, premul, count, src.ptr,
-                                  dst.ptr, reg > 0, reg)
-        if d["alignment"]:
-            # A per-rank fact: falling back here alone would split the ranks between two backends.
-            raise InvalidArgument(f"x and out must be aligned to their element size for the custom backend: "
-                                  f"{d['reason']}")
-        return "" if d["ok"] else d["reason"]
-
     def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False, algo="auto"):
         if self._closed:
             raise InvalidUsage("the custom backend is closed")
         if self._broken:
             raise InvalidUsage("a custom allreduce of this communicator timed out waiting for a peer; the "
                                "communicator is unusable: close it and create a new one")
-        reason = self._decline(coll, src, dst, count, redop)
+        if coll != _ALL_REDUCE:
+            reason = f"{_C.coll_names()[coll]} has no custom kernel (they do all_reduce)"
+            return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
+        if algo is None:
+            algo = "auto"
+        elif not isinstance(algo, str):
+            raise InvalidArgument(f"algo must be 'auto' or one of oneshot, twoshot, ring, tree; got {algo!r}")
+        premul = type(redop) is PreMulSum
+        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
+        # Eligibility, algorithm and launch in one crossing (CustomComm::run_all_reduce); a misaligned pointer, a
+        # per-rank fact that would split the ranks between two backends, raises there instead of declining.
+        reason = self._native.run_all_reduce(src.ptr, dst.ptr, count, src.dtype,
+                                             self._sum if premul or redop is None else redop, premul, algo, s)
         if reason:
             return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
-        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
-        name = resolve_algo(algo, count * src.itemsize, self.world_size)
-        self._native.all_reduce(src.ptr, dst.ptr, count, src.dtype, redop, name, s)
         self.stats["custom"] += 1
         if not async_op:
             return None
@@ -339,14 +335,24 @@ class CustomBackend:
             self._nccl.close()
 
 
-class Custom(nccl.Nccl):
+class Custom(Backend):
     """backend='custom' as the Communicator sees it: each collective goes to our kernels or to NCCL, as the
-    topology-aware selector (select.py, built at set-up) or ``algo=`` decides; the impl is CustomBackend. Like the
-    nccl backend (whose buffer rule, send/recv, groups and barrier it keeps) it takes CUDA buffers."""
+    topology-aware selector (select.py, built at set-up) or ``algo=`` decides; the impl is CustomBackend, which
+    holds its NCCL communicator as the fallback (send/recv, groups, barrier and what the kernels decline run there).
+    It takes CUDA buffers.
+
+    It composes NCCL and does not extend the nccl backend: a subclass inherited the nccl backend's split and shrink,
+    which do not apply to the custom impl (85994ba). A child gets new peer memory and its own NCCL fallback, a fresh
+    create over the child's store: Backend's can_split and can_shrink (False) say so."""
 
     name = "custom"
+    on_gpu = True
 
-    def check_buffer(self, buf, arg: str) -> None:  # (as Nccl's, kept here: one file fewer on every call's path)
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.impl.device}"
+
+    def check_buffer(self, buf, arg: str) -> None:
         self.impl.check_buffer(buf, arg)
 
     @classmethod
@@ -359,14 +365,6 @@ class Custom(nccl.Nccl):
             impl.close()
             raise
         return impl, selector
-
-    # A child gets new peer memory and its own NCCL fallback (a fresh create over the child's store), not a split of
-    # the parent's: the nccl backend's split and shrink hooks do not apply to the custom impl.
-    def can_split(self) -> bool:
-        return False
-
-    def can_shrink(self) -> bool:
-        return False
 
     def _modelled(self) -> bool:
         """Whether the selector decides: 'custom' asked where the GPU topology is unknown (no NVML) leaves each call
@@ -476,6 +474,8 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
         p2p = []
         for r in range(P):
             p2p += list(store.get_json(f"{prefix}p2p/{r}", timeout=timeout))
+        # The placement half of eligibility (nodes, P2P), settled once: run_all_reduce checks each call's half.
+        native.set_placement(hosts, p2p)
         fallback, why = None, "GPUCOLL_CUSTOM_NCCL_FALLBACK=0"
         if config.get_bool("GPUCOLL_CUSTOM_NCCL_FALLBACK"):
             # Every rank decides from the same table, so all of them build NCCL or none does (its init is

@@ -538,6 +538,39 @@ def test_nccl_fallback_with_reason(provider):
     assert all(vals == [2.0] * 10 and stats == {"custom": 0, "nccl": 1} for vals, stats in results)
 
 
+class _ByteView:
+    """A float32 view starting `shift` bytes into `base`'s allocation: misaligned for its element size."""
+
+    def __init__(self, base, shift: int, count: int):
+        self.__cuda_array_interface__ = {"shape": (count,), "typestr": "<f4", "version": 3, "strides": None,
+                                         "data": (base.__cuda_array_interface__["data"][0] + shift, False)}
+
+
+def _misaligned(comm):
+    from gpucoll.errors import InvalidArgument
+
+    A = gpu_arrays.provider("device_array")
+    base = A.upload(np.zeros(12, np.float32), "float32")
+    try:
+        comm.all_reduce(_ByteView(base, 2, 10))
+    except InvalidArgument as e:
+        refused = str(e)
+    else:
+        refused = ""
+    x = A.upload(np.full(10, float(comm.rank + 1), np.float32), "float32")
+    comm.all_reduce(x)  # the refused call left the ranks in step: the next one runs on the kernels
+    A.synchronize()
+    return refused, A.download(x, "float32").tolist(), dict(comm._impl.stats)
+
+
+def test_misaligned_pointer_is_an_argument_error_on_every_rank():
+    """A pointer not aligned to its element size is a per-rank fact: declining to NCCL on one rank alone would
+    split the ranks between two backends, so the one native call raises InvalidArgument before enqueuing."""
+    for refused, vals, stats in gpucoll.spawn(_misaligned, 2, backend="custom"):
+        assert "aligned to their element size" in refused and "4 bytes" in refused, refused
+        assert vals == [3.0] * 10 and stats == {"custom": 1, "nccl": 0}, (vals, stats)
+
+
 def _old_nccl_shared_gpu(comm):
     from gpucoll.errors import Unsupported
 

@@ -28,24 +28,25 @@ std::string p2p_problem(int nranks, const std::vector<uint8_t>& p2p) {
   return {};
 }
 
-Decision check_eligibility(const Facts& f) {
+std::string placement_problem(int nranks, const std::vector<std::string>& hosts, const std::vector<uint8_t>& p2p) {
+  if (nranks < 1 || nranks > kMaxRanks) {
+    return detail::concat("the custom kernels serve 1 to ", kMaxRanks, " ranks; this communicator has ", nranks);
+  }
+  for (size_t r = 1; r < hosts.size(); ++r) {
+    if (hosts[r] != hosts[0]) {
+      return detail::concat("ranks are on different nodes (rank 0 on '", hosts[0], "', rank ", r, " on '", hosts[r],
+                            "'); peer memory only reaches GPUs of one node");
+    }
+  }
+  return p2p_problem(nranks, p2p);
+}
+
+Decision check_call(const Facts& f) {
   Decision d;
   auto no = [&d](std::string why) {
     d.reason = std::move(why);
     return d;
   };
-  if (f.nranks < 1 || f.nranks > kMaxRanks) {
-    return no(detail::concat("the custom kernels serve 1 to ", kMaxRanks, " ranks; this communicator has ",
-                             f.nranks));
-  }
-  for (size_t r = 1; r < f.hosts.size(); ++r) {
-    if (f.hosts[r] != f.hosts[0]) {
-      return no(detail::concat("ranks are on different nodes (rank 0 on '", f.hosts[0], "', rank ", r, " on '",
-                               f.hosts[r], "'); peer memory only reaches GPUs of one node"));
-    }
-  }
-  const std::string p2p = p2p_problem(f.nranks, f.p2p);
-  if (!p2p.empty()) return no(p2p);
   if (!dtype_supported(f.dtype)) {
     return no(detail::concat("dtype ", dtype_name(f.dtype),
                              " has no custom kernel (float32, float16, bfloat16, float64, int32)"));
@@ -63,6 +64,16 @@ Decision check_eligibility(const Facts& f) {
   }
   d.ok = true;
   return d;
+}
+
+Decision check_eligibility(const Facts& f) {
+  std::string placement = placement_problem(f.nranks, f.hosts, f.p2p);
+  if (!placement.empty()) {
+    Decision d;
+    d.reason = std::move(placement);
+    return d;
+  }
+  return check_call(f);
 }
 
 }  // namespace gpucoll::custom

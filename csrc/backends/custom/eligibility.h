@@ -47,6 +47,11 @@ bool op_supported(RedOp op);
 // Checks in order: rank count, same node, P2P, dtype, op, alignment, registered size.
 Decision check_eligibility(const Facts& f);
 
+// The first two halves of that order. Placement (rank count, nodes, P2P) is fixed for a communicator's life, so
+// CustomComm checks it once at set-up and only the call's half on each call.
+std::string placement_problem(int nranks, const std::vector<std::string>& hosts, const std::vector<uint8_t>& p2p);
+Decision check_call(const Facts& f);  // reads dtype, op, premul, count, the pointers and registration only
+
 // The first (i, j) pair whose P2P check failed, as "rank i cannot read rank j's memory"; empty when all work.
 std::string p2p_problem(int nranks, const std::vector<uint8_t>& p2p);
 

@@ -294,6 +294,41 @@ LaunchShape CustomComm::shape_for(Algo algo, size_t bytes, DType dtype, RedOp op
   return gpucoll::custom::choose_launch_shape(algo, bytes, nranks_, sms_, max_blocks_for(algo, dtype, op));
 }
 
+std::string CustomComm::set_placement(const std::vector<std::string>& hosts, const std::vector<uint8_t>& p2p) {
+  GPUCOLL_CHECK_ARG(hosts.size() == static_cast<size_t>(nranks_), "set_placement: ", hosts.size(), " hosts for ",
+                    nranks_, " ranks");
+  placement_problem_ = gpucoll::custom::placement_problem(nranks_, hosts, p2p);
+  return placement_problem_;
+}
+
+std::string CustomComm::run_all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, bool premul,
+                                       const std::string& algo, cudaStream_t stream) {
+  if (!placement_problem_.empty()) return placement_problem_;
+  gpucoll::custom::Facts f;
+  f.dtype = dtype;
+  f.op = op;
+  f.premul = premul;
+  f.count = count;
+  f.in_ptr = reinterpret_cast<uintptr_t>(in);
+  f.out_ptr = reinterpret_cast<uintptr_t>(out);
+  f.registered_bytes = registered_bytes(f.in_ptr);
+  f.registered = f.registered_bytes > 0;
+  gpucoll::custom::Decision d = gpucoll::custom::check_call(f);
+  if (d.alignment) {
+    GPUCOLL_INVALID_ARG("x and out must be aligned to their element size for the custom backend: ", d.reason);
+  }
+  if (!d.ok) return std::move(d.reason);
+  Algo a;
+  if (algo == "auto") {
+    a = gpucoll::custom::choose_algo(count * dtype_size(dtype), nranks_);
+  } else {
+    GPUCOLL_CHECK_ARG(gpucoll::custom::parse_algo(algo, &a),
+                      "algo must be one of oneshot, twoshot, ring, tree (or dbt); got '", algo, "'");
+  }
+  all_reduce(in, out, count, dtype, op, a, stream);
+  return {};
+}
+
 size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo,
                               cudaStream_t stream, int max_blocks, int64_t only_piece) {
   if (!connected_) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "all_reduce", "the custom communicator is not connected");

@@ -82,6 +82,16 @@ class CustomComm {
   // streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS) or the launch queue fills.
   size_t all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo, cudaStream_t stream,
                     int max_blocks = 0, int64_t only_piece = -1);
+  // One allreduce from end to end, the backend's whole call path in one crossing: the per-call half of the
+  // eligibility (the placement half was settled by set_placement), the algorithm ("auto": the size rule of
+  // launch_shape.h; else that name), then all_reduce above. Returns "" when enqueued, else why the kernels
+  // decline it (the caller hands the call to NCCL). Every such reason is the same on every rank; the one that is
+  // not, a misaligned pointer, raises InvalidArgument instead, so that ranks never split between two backends.
+  std::string run_all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, bool premul,
+                             const std::string& algo, cudaStream_t stream);
+  // What the ranks agreed at set-up: every rank's host and the P2P matrix (eligibility.h's placement facts).
+  // Returns why the kernels can never run on this communicator ("" when they can).
+  std::string set_placement(const std::vector<std::string>& hosts, const std::vector<uint8_t>& p2p);
   // The launch shape a call would use (for tests and the benchmark).
   gpucoll::custom::LaunchShape shape_for(Algo algo, size_t bytes, DType dtype, RedOp op) const;
 
@@ -129,6 +139,7 @@ class CustomComm {
   IpcMappings mappings_;
   PeerTable bufs_{}, sigs_{};
   std::vector<uint8_t> p2p_row_;
+  std::string placement_problem_ = "the ranks' placement was not set (set_placement)";
   bool connected_ = false;
   int co_resident_ = 1;  // ranks whose blocks must be resident together on this GPU
   PeerTable* table_ = nullptr;  // device: kMaxRegistered slots
