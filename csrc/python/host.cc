@@ -111,7 +111,7 @@ void bind_host(py::module_& m) {
           // layers otherwise do in several (buffer, dtype, placement, algorithm, run), which cost 6x the run itself
           // at 8 B (bench/dispatch_overhead.py). Anything unusual (another format or byte order, read-only,
           // strided, empty) returns false before touching anything, and the Python path raises its typed error.
-          [](HostComm& c, py::handle x, RedOp op, int nranks, int local_size) {
+          [](HostComm& c, py::handle x, RedOp op, int local_size) {
             Py_buffer view;
             if (PyObject_GetBuffer(x.ptr(), &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
               PyErr_Clear();
@@ -133,13 +133,12 @@ void bind_host(py::module_& m) {
             args.op = op;
             args.local_size = local_size;
             args.auto_algo = true;
-            const algo::Algorithm& a = algo::select_algorithm(algo::Coll::kAllReduce, nranks, view.len, local_size,
-                                                              "auto");
+            const algo::Algorithm& a = c.auto_algorithm(algo::Coll::kAllReduce, view.len, local_size);
             py::gil_scoped_release nogil;
             c.run(args, a);
             return true;
           },
-          py::arg("x"), py::arg("op"), py::arg("nranks"), py::arg("local_size"))
+          py::arg("x"), py::arg("op"), py::arg("local_size"))
       .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def(
           "p2p",

@@ -154,6 +154,22 @@ std::string algo_override(Coll coll) {
   return {};
 }
 
+const Algorithm& AutoChoice::choose(Coll coll, int nranks, int64_t nbytes, int local_size) {
+  std::string spec = config_raw("GPUCOLL_ALGO");
+  if (last_ != nullptr && coll == coll_ && nranks == nranks_ && nbytes == nbytes_ && local_size == local_size_ &&
+      spec == spec_) {
+    return *last_;
+  }
+  const Algorithm& a = select_algorithm(coll, nranks, nbytes, local_size, "auto");
+  last_ = &a;
+  coll_ = coll;
+  nranks_ = nranks;
+  nbytes_ = nbytes;
+  local_size_ = local_size;
+  spec_ = std::move(spec);
+  return a;
+}
+
 const Algorithm& select_algorithm(Coll coll, int nranks, int64_t nbytes, int local_size, const std::string& requested) {
   std::string name = lower(requested);
   std::string source = "algo";

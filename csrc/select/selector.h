@@ -45,4 +45,21 @@ const Algorithm& select_algorithm(Coll coll, int nranks, int64_t nbytes, int loc
 // that applies to every collective it implements.
 std::string algo_override(Coll coll);
 
+// select_algorithm(..., "auto") with its last answer kept: the cost model prices every registered algorithm, about
+// a microsecond, which a loop of like calls would pay on each. The key holds all the answer depends on, the text of
+// GPUCOLL_ALGO included (it may change between calls); the cost parameters are read once per process anyway. One
+// per communicator, used by one thread at a time, as the communicator is.
+class AutoChoice {
+ public:
+  const Algorithm& choose(Coll coll, int nranks, int64_t nbytes, int local_size);
+
+ private:
+  const Algorithm* last_ = nullptr;
+  Coll coll_ = Coll::kAllReduce;
+  int nranks_ = 0;
+  int64_t nbytes_ = -1;
+  int local_size_ = 0;
+  std::string spec_;
+};
+
 }  // namespace gpucoll::algo

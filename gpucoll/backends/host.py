@@ -72,7 +72,7 @@ class Host(Backend):
                 or algo != "auto" or type(op) is not str or self._group is not None):
             return False
         redop = _FAST_OPS.get(op)
-        return redop is not None and self.impl.all_reduce_array(x, redop, self.world_size, self.local_size)
+        return redop is not None and self.impl.all_reduce_array(x, redop, self.local_size)
 
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         if stream is not None:

@@ -29,14 +29,15 @@
 #include <tuple>
 #include <vector>
 
-#include "check/call_sig.h"
 #include "algo/registry.h"
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
+#include "check/call_sig.h"
 #include "core/error.h"
 #include "core/flight_recorder.h"
 #include "core/stragglers.h"
 #include "core/types.h"
+#include "select/selector.h"
 
 namespace gpucoll::host {
 
@@ -113,6 +114,10 @@ class HostComm {
   int rank() const { return opt_.rank; }
   int nranks() const { return opt_.nranks; }
   uint64_t op_seq() const { return op_seq_; }
+  // algo="auto"'s choice for this communicator's calls, the last one kept (select/selector.h).
+  const algo::Algorithm& auto_algorithm(algo::Coll coll, int64_t nbytes, int local_size) {
+    return auto_choice_.choose(coll, opt_.nranks, nbytes, local_size);
+  }
   bool closed() const { return closed_; }
   bool broken() const { return broken_; }
   bool call_check() const { return call_check_; }
@@ -229,6 +234,7 @@ class HostComm {
   };
   War war_[2];
   uint64_t pieces_ = 0;  // pieces run so far; its parity picks the work-buffer half
+  algo::AutoChoice auto_choice_;
   uint64_t op_seq_ = 0;  // collectives (barriers included) begun; point-to-point calls do not count
   uint64_t p2p_seq_ = 0;  // point-to-point batches begun, for messages only
   const char* current_ = "init";
