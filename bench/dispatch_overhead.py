@@ -4,6 +4,7 @@
     python bench/dispatch_overhead.py --rounds 9 --calls 20000 --json out.json
     python bench/dispatch_overhead.py --contend 2              # with 2 busy processes beside the ranks
     python bench/dispatch_overhead.py --torch                  # also dist.all_reduce through the torch backend
+    GPUCOLL_CUDA=emulate python bench/dispatch_overhead.py --backend nccl --calls 2000   # the NCCL path (or a GPU)
 
 Host backend, P ranks (gpucoll.spawn), in place, sum. In each round every rank times, one after the other in the
 same processes, `calls` calls of
@@ -22,6 +23,11 @@ machine the other tenants move every figure: compare ratios from one run, and ru
 
 --contend K starts K processes that spin on the CPU for the whole measurement (data-loader workers and other jobs
 make such contention ordinary): ranks that sleep in a wait lose the CPU to them, ranks that spin do not.
+
+--backend nccl times the same public, general and native variants on CUDA memory (a DeviceArray; a GPU, or the
+emulated device with GPUCOLL_CUDA=emulate), native being the NcclComm binding of ncclAllReduce the paths end in. The
+clock is the calling thread's CPU time: what a call costs its caller while the device (on the emulated device, its
+worker threads) runs behind it. Emulated figures are ratios of CPU work, not GPU timings.
 """
 
 from __future__ import annotations
@@ -103,6 +109,49 @@ def _gpucoll_rank(comm, rounds: int, calls: int, nbytes: int, torch_port: int = 
     return out
 
 
+def _cpu_time(fn, calls: int) -> float:
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time() - t0) / calls * 1e6
+
+
+def _nccl_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
+    """--backend nccl: the same three variants on a DeviceArray (CUDA memory), timed in this thread's CPU time, which
+    is what a call costs its caller while the device works behind it (on the emulated device its worker threads)."""
+    from gpucoll import _buffers
+    from gpucoll._device_array import DeviceArray
+    from gpucoll._native import _C
+
+    dev = int(comm.device.split(":")[1])
+    x = DeviceArray.from_host(np.full(max(1, nbytes // 4), comm.rank + 1, np.float32), device=dev)
+    comm.all_reduce(x)
+    ok = bool((x.to_host() == comm.world_size * (comm.world_size + 1) / 2).all())
+    buf = _buffers.resolve(x, "x", writable=True)
+    native_comm = comm._ops.impl.native  # gpucoll._C.NcclComm: the binding of ncclAllReduce the paths end in
+
+    def native():
+        native_comm.collective(0, buf.ptr, buf.ptr, buf.count, buf.dtype, _C.RedOp.sum, 0, 0, False, None)
+
+    def public():
+        comm.all_reduce(x)
+
+    def general():
+        comm.all_reduce(x, x)  # in place through out=: the general Python path
+
+    out = {"public": [], "general": [], "native": []}
+    for _ in range(rounds):
+        for key, fn in (("public", public), ("general", general), ("native", native)):
+            for _ in range(max(10, calls // 20)):
+                fn()
+            comm.barrier()
+            out[key].append(_cpu_time(fn, calls))
+            comm.barrier()
+    x.to_host()  # waits for the calls on the legacy default stream
+    out["ok"] = ok
+    return out
+
+
 def _mpi_worker(rounds: int, calls: int, nbytes: int) -> None:
     from mpi4py import MPI
 
@@ -159,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contend", type=int, default=0, help="busy processes beside the ranks")
     ap.add_argument("--torch", action="store_true",
                     help="also time dist.all_reduce(t) on a CPU tensor through gpucoll's torch backend")
+    ap.add_argument("--backend", choices=("host", "nccl"), default="host",
+                    help="nccl: CUDA memory (a GPU, or GPUCOLL_CUDA=emulate), CPU time of the calling thread, no MPICH")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     import gpucoll
@@ -169,9 +220,14 @@ def main(argv=None) -> int:
         p.start()
     try:
         torch_port = free_port() if a.torch else 0
-        per_rank = gpucoll.spawn(_gpucoll_rank, a.nranks, args=(a.rounds, a.calls, a.bytes, torch_port),
-                                 backend="host", timeout=600.0)
-        mpich = run_mpich(a.nranks, a.rounds, a.calls, a.bytes)
+        if a.backend == "nccl":
+            per_rank = gpucoll.spawn(_nccl_rank, a.nranks, args=(a.rounds, a.calls, a.bytes), backend="nccl",
+                                     timeout=600.0)
+            mpich = {"skipped": "--backend nccl compares with its own native call only"}
+        else:
+            per_rank = gpucoll.spawn(_gpucoll_rank, a.nranks, args=(a.rounds, a.calls, a.bytes, torch_port),
+                                     backend="host", timeout=600.0)
+            mpich = run_mpich(a.nranks, a.rounds, a.calls, a.bytes)
     finally:
         stop.set()
         for p in spinners:
@@ -181,7 +237,8 @@ def main(argv=None) -> int:
     if "mpich" in mpich:
         rows["mpich"] = mpich["mpich"]
     med = {k: statistics.median(v) for k, v in rows.items()}
-    report = {"nranks": a.nranks, "bytes": a.bytes, "calls": a.calls, "rounds": a.rounds, "contend": a.contend,
+    report = {"backend": a.backend, "clock": "thread CPU" if a.backend == "nccl" else "wall",
+              "nranks": a.nranks, "bytes": a.bytes, "calls": a.calls, "rounds": a.rounds, "contend": a.contend,
               "load_avg": os.getloadavg(), "ok": all(r["ok"] for r in per_rank) and mpich.get("ok", True),
               "us_per_call": rows, "median_us": med, "best_us": {k: min(v) for k, v in rows.items()},
               "public_over_native": med["public"] / med["native"], "general_over_native": med["general"] / med["native"],

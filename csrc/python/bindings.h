@@ -10,6 +10,7 @@
 
 #include "core/flight_recorder.h"
 #include "core/stragglers.h"
+#include "core/types.h"
 
 namespace gpucoll::python {
 
@@ -37,6 +38,16 @@ struct DeleteWithoutGil {
 };
 template <class T>
 using NoGilHolder = std::unique_ptr<T, DeleteWithoutGil<T>>;
+
+// The plain case of a __cuda_array_interface__ array (cuda_array.cc): where it is one, its pointer, element count,
+// dtype and the stream it is ordered on, and true; false for anything else (the Python path then decides).
+struct CudaArrayView {
+  uintptr_t ptr = 0;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  uintptr_t stream = 0;
+};
+bool cuda_array_view(pybind11::handle x, CudaArrayView* out);
 
 // errors.cc: translates gpucoll::Error into gpucoll.errors classes (once, for every binding).
 void bind_errors(pybind11::module_& m);

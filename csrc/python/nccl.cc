@@ -88,6 +88,28 @@ void bind_comm(py::module_& m) {
           py::arg("root"), py::arg("stream"), py::arg("async_op"), py::arg("premul") = py::none(),
           "Enqueue one collective on `stream` (a raw cudaStream_t); returns an NcclWork for async_op, else None.")
       .def(
+          "all_reduce_array",
+          // Communicator.all_reduce(x) in place of a plain __cuda_array_interface__ array (cuda_array.cc), sync,
+          // on x's own stream: the buffer, its placement on this communicator's GPU and the enqueue in one crossing.
+          // False, before anything is enqueued, for anything else (the Python path runs it and raises its errors).
+          [](NcclComm& c, py::handle x, RedOp op) {
+            CudaArrayView v;
+            if (!cuda_array_view(x, &v)) return false;
+            nccl::CollArgs a;
+            a.coll = algo::Coll::kAllReduce;
+            a.in = reinterpret_cast<const void*>(v.ptr);
+            a.out = reinterpret_cast<void*>(v.ptr);
+            a.count = v.count;
+            a.dtype = v.dtype;
+            a.op = op;
+            py::gil_scoped_release release;
+            const cuda::PointerInfo where = cuda::pointer_info(a.in);
+            if (!where.device_memory || where.device != c.device()) return false;
+            c.collective(a, as_stream(v.stream), false);
+            return true;
+          },
+          py::arg("x"), py::arg("op"))
+      .def(
           "p2p",
           [](NcclComm& c, const std::vector<std::tuple<bool, int, uintptr_t, int64_t>>& batch, uintptr_t stream,
              bool async_op) {

@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import os
 import re
 import sys
 import threading
@@ -31,6 +30,7 @@ from gpucoll._call_check import StoreCallCheck
 from gpucoll._native import _C
 from gpucoll.backends.base import Backend
 from gpucoll.backends.nccl_arrivals import Arrivals
+from gpucoll.backends.nccl_plan import spawn_plan, version_text
 from gpucoll.backends.usable import (
     MULTI_RANK_ENV,
     auto_selects_nccl,
@@ -38,63 +38,24 @@ from gpucoll.backends.usable import (
     gpu_problems,
     multi_rank_enabled,
     pick_device,
-    resolve,
 )
 from gpucoll.backends.usable import check_nccl_usable as check_usable
 from gpucoll.backends.usable import nccl_problems as problems
 from gpucoll.backends.work import CompletedWork, PreMulSum, Work, premul_sum
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
+# all_reduce's lower-case op names, for the one-call path (Nccl.fast_all_reduce).
+_FAST_OPS = {name: getattr(_C.RedOp, name) for name in ("sum", "prod", "min", "max", "avg")}
+# Per array type: whether the one-call path may read it (fast_all_reduce). torch tensors and CuPy arrays also export
+# __cuda_array_interface__, but they are ordered on their framework's current stream, which only Python can ask;
+# NumPy arrays are host memory, which the general path refuses with its message.
+_PLAIN_CAI: dict = {}
+
 # This module's own names for the checks it shares with the custom backend (tests and tools use them from here).
 __all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum", "Work", "auto_selects_nccl",
            "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
            "premul_sum", "problems", "spawn_plan", "version_text"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
-
-
-# -- can the backend run here? (the checks live in usable.py, below every backend) ------------------------------
-
-def spawn_plan(nranks: int, backend: str, probe=None, nccl=None, build=None, env=None):
-    """(backend, extra environment) for the workers of ``gpucoll.spawn``. Explicit 'nccl' raises Unsupported
-    saying why the ranks cannot run (what is missing, or GPU count and NCCL version); 'auto' falls back to host."""
-    env = os.environ if env is None else env
-    if backend == "auto":
-        if resolve("auto") != "nccl":
-            return "host", {}
-        try:
-            return spawn_plan(nranks, "nccl", probe, nccl, build, env)
-        except Unsupported as e:
-            _log.info(f"gpucoll.spawn(backend='auto'): using the host backend: {e}")
-            return "host", {}
-    if backend != "nccl":
-        return backend, {}
-    found = problems(build, probe, nccl)
-    if found:
-        raise Unsupported(f"gpucoll.spawn(backend='nccl', nranks={nranks}) cannot run here:\n  - "
-                          + "\n  - ".join(found))
-    probe = dict(_C.cuda_probe()) if probe is None else probe
-    nccl = _nccl.load() if nccl is None else nccl
-    count = int(probe["device_count"])
-    if nranks <= count:
-        return "nccl", {}
-    version = int(nccl["version"])
-    if not _C.nccl_multi_rank_gpu_supported(version):
-        raise Unsupported(
-            f"gpucoll.spawn(backend='nccl') with {nranks} ranks needs {nranks} GPUs, but {count} "
-            f"{'is' if count == 1 else 'are'} visible; several ranks on one GPU need NCCL >= "
-            f"{version_text(_C.NCCL_MULTI_RANK_GPU_VERSION)} ({MULTI_RANK_ENV}=1), and the loaded NCCL is "
-            f"{nccl.get('version_string') or version_text(version)}. Use nranks <= {count}, or install a newer NCCL "
-            f"(pip install -U nvidia-nccl-cu13)")
-    if env.get(MULTI_RANK_ENV, "1").strip() != "1":
-        raise Unsupported(f"gpucoll.spawn(backend='nccl') with {nranks} ranks on {count} GPU(s) needs ranks to "
-                          f"share GPUs, but {MULTI_RANK_ENV}={env[MULTI_RANK_ENV]!r} forbids it; unset it or set 1")
-    return "nccl", {MULTI_RANK_ENV: "1"}
-
-
-def version_text(code: int) -> str:
-    major, rest = divmod(int(code), 10000)
-    minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
 
 
 # -- the backend ----------------------------------------------------------------------------------------------------
@@ -251,6 +212,20 @@ class NcclBackend:
         if native is None:
             return None
         return self._track(native, buf, (buf,))
+
+    def all_reduce_array(self, x, redop) -> bool:
+        """all_reduce(x) in place of a plain __cuda_array_interface__ array, sync, in one native call
+        (NcclComm.all_reduce_array); False, with nothing enqueued, where the general path must run it: a recorded
+        failure (it raises), the debug call check (it exchanges), or anything the native call declines."""
+        if self._error is not None or self._calls is not None:
+            return False
+        try:
+            done = self._comm.all_reduce_array(x, redop)
+        except GpucollError as e:
+            raise self._native_failed(e, self._comm.issued) from None
+        if done:
+            self._arrivals.tick()
+        return done
 
     def _check_call(self, coll: int, dtype: int, op: int, premul: bool, root: int, count: int) -> None:
         try:
@@ -497,20 +472,24 @@ class Nccl(Backend):
     def check_buffer(self, buf, arg: str) -> None:
         self.impl.check_buffer(buf, arg)
 
+    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
+        """all_reduce(x) in place, sync, on x's own stream, of an array that only exports __cuda_array_interface__
+        (gpucoll's DeviceArray, Numba, ...), with algo 'auto' or 'nccl' and a lower-case op name: one native call.
+        False where anything else was asked or the native call declines; the general path then runs the call."""
+        if stream is not None or async_op is not False or type(op) is not str or type(algo) is not str:
+            return False
+        plain = _PLAIN_CAI.get(type(x))
+        if plain is None:
+            plain = _PLAIN_CAI.setdefault(type(x), not type(x).__module__.startswith(("torch", "cupy", "numpy")))
+        redop = _FAST_OPS.get(op)
+        return (plain and redop is not None and (algo == "auto" or algo == "nccl")
+                and self.impl.all_reduce_array(x, redop))
+
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         if algo not in (None, "auto", "nccl") and not (isinstance(algo, str) and algo.startswith("nccl:")):
             raise InvalidArgument(f"algo={algo!r} cannot run on backend='nccl', which runs NCCL's own algorithms; "
                                   f"gpucoll's run on backend='custom' or 'auto'")
         return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op)
-
-    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
-        return self.impl.p2p(send, peer, buf, stream, async_op)
-
-    def group(self):
-        return self.impl.group()
-
-    def barrier(self) -> None:
-        self.impl.barrier()
 
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return "nccl"
