@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from gpucoll import _log
 from gpucoll.backends.base import Backend
 from gpucoll.backends.host import Host
@@ -76,6 +78,16 @@ class WithHost(Backend):
         self._for(src).check_out(src, dst)
 
     # -- operations -----------------------------------------------------------------------------------------------
+    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
+        """The one-call path of the backend x belongs to: NumPy arrays on the host backend's once it is built and no
+        group() is open (the general path builds it and joins it to the group), other arrays on the GPU backend's
+        where it has one. False sends the call down the general path."""
+        if type(x) is np.ndarray:
+            host = self.host
+            return host is not None and self._stack is None and host.fast_all_reduce(x, op, algo, stream, async_op)
+        fast = getattr(self.gpu, "fast_all_reduce", None)
+        return fast is not None and fast(x, op, algo, stream, async_op)
+
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         return self._for(src).collective(coll, algo, src, dst, count, redop, root, stream, async_op)
 

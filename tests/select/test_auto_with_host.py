@@ -3,8 +3,8 @@ communicator built on first use (gpucoll/backends/with_host.py), as torch's defa
 
 3 ranks share the device (NCCL's multi-rank mode, set by spawn): every collective exact on NumPy arrays and on
 DeviceArrays of the same communicator, a group mixing both, the same on a split child, x and out in different
-memories refused on every rank, the host communicator built only when a CPU buffer comes, and backend='nccl'
-still refusing NumPy arrays."""
+memories refused on every rank, the host communicator built only when a CPU buffer comes, all_reduce(x) taking the
+one-call path of the backend x belongs to, and backend='nccl' still refusing NumPy arrays."""
 
 from __future__ import annotations
 
@@ -52,6 +52,39 @@ def _mixed(comm) -> list:
     fails += helpers.every_collective(sub, [q for q in range(P) if q % 2 == r % 2], "numpy split", n=65)
     sub.close()
     return fails
+
+
+def _noted(taken: list, name: str, result: bool) -> bool:
+    taken.append((name, result))
+    return result
+
+
+def _one_call(comm) -> list:
+    """all_reduce(x) in place takes the one-call path of the backend x belongs to, under 'auto' too: NumPy arrays the
+    host backend's (once a CPU buffer built it), DeviceArrays the GPU backend's; exact either way."""
+    P, r, ops = comm.world_size, comm.rank, comm._ops
+    x = np.full(5, r + 1, np.float32)
+    comm.all_reduce(x)  # the first CPU buffer builds the host communicator, on the general path
+    taken = []
+    gpu_cls, host_cls = type(ops.gpu), type(ops.host)
+    gpu_real, host_real = gpu_cls.fast_all_reduce, host_cls.fast_all_reduce
+    gpu_cls.fast_all_reduce = lambda self, *a: _noted(taken, "gpu", gpu_real(self, *a))
+    host_cls.fast_all_reduce = lambda self, *a: _noted(taken, "host", host_real(self, *a))
+    try:
+        y = np.full(5, r + 1, np.float32)
+        comm.all_reduce(y)
+        d = PUT(np.full(5, r + 1, np.float32))
+        comm.all_reduce(d)
+    finally:
+        gpu_cls.fast_all_reduce, host_cls.fast_all_reduce = gpu_real, host_real
+    want = [P * (P + 1) / 2] * 5
+    return [taken, x.tolist() == want and y.tolist() == want and GET(d).tolist() == want]
+
+
+def test_auto_takes_each_backends_one_call_path():
+    gpu_arrays.require_nccl_ranks(3)
+    for taken, exact in gpucoll.spawn(_one_call, 3, backend="auto", timeout=120.0):
+        assert exact and taken == [("host", True), ("gpu", True)], taken
 
 
 def test_auto_runs_cpu_and_cuda_buffers_on_one_communicator():
