@@ -8,10 +8,19 @@ its own deadline inside one budget, and writes what happened to --out:
     bench.json, bench.png   the figures' rows (gpucoll-bench --json) and their plot
 
 Budget: the steps run in priority order (build; the custom kernels; NCCL; torch; CuPy; graphs, the watchdog,
-groups and elasticity; the sanitizer; the figures). Each step gets a deadline that leaves the later steps their
-minimum share; tests that would start after it skip with a reason (tests/conftest.py --deadline) and are counted
-as trimmed, and a step whose share is gone is trimmed whole. A step that overruns its deadline by its grace is
-killed and fails.
+groups and elasticity; the sanitizer; the figures). Before each step the lowest-priority steps that no longer fit
+(every kept step's minimum share) are dropped, and the step gets its minimum plus its weight's part of what is
+left over (share()): a step cannot starve the next ones, and one that ends early or overruns (tests already
+running finish) moves the surplus or the cost along, so a cost always lands on the lowest priority. Tests that would
+start past a step's deadline skip with a reason (tests/conftest.py --deadline) and are counted as trimmed, a step
+whose share is gone is trimmed whole, and a step that overruns its deadline by its grace is killed and fails.
+
+CUDA MPS: processes that share one GPU without it time-slice (4.5 ms a call on an H200), which makes the
+figures of ranks in processes meaningless (28 us a call under MPS, 2026-11-28). Where nvidia-cuda-mps-control
+exists and no daemon runs, the bench phase runs under a daemon of this run's own (pipe and log folders in
+--out/.mps), stopped at the end (and before the sanitizer, which does not run MPS clients). --mps all runs the tests
+under it too: faster process tests, but on 2026-11-27 (before the custom backend capped its grid by the ranks on
+a GPU) process tests under MPS stalled, and that is not rerun yet; --mps off uses none.
 
 Written for Python 3.9+ and only the standard library: it runs before anything is installed.
 """
@@ -57,6 +66,25 @@ _EMU_K = {
     "cupy": None,
     "late": "split_and_subgroup and custom or graph_replays and 2 or ws2_watchdog or auto_is_the_host",
 }
+
+
+# The weight of a step: about what it takes whole on one GPU with 8 pytest workers (seconds; the 2026-11-28 H200 run
+# needed more than 250 s for the custom kernels' step alone), which splits a short budget's surplus.
+_WEIGHTS = {"custom": 300, "nccl": 120, "torch": 40, "cupy": 40, "late": 200}
+_SANITIZE_MIN, _BENCH_MIN = 40, 25  # seconds a tail phase needs to start at all
+_SANITIZE_WEIGHT, _BENCH_WEIGHT = 60, 60
+
+
+def share(left: float, minimums: list, weights: list) -> tuple:
+    """(how many of the remaining steps still fit, the first one's share): the lowest-priority steps go until the
+    rest's minimums fit in `left`; the first then gets its minimum plus its weight's part of the surplus."""
+    keep = len(minimums)
+    while keep and sum(minimums[:keep]) > left:
+        keep -= 1
+    if keep == 0:
+        return 0, max(left, 0.0)
+    surplus = left - sum(minimums[:keep])
+    return keep, minimums[0] + surplus * weights[0] / max(sum(weights[:keep]), 1e-9)
 
 
 def _steps(emulated: bool):
@@ -178,6 +206,7 @@ class Check:
             "duration_s": None, "machine": {}, "phases": {}, "trimmed": [], "files": [],
         }
         self.junit_parts = []
+        self.mps_env = {}  # CUDA_MPS_* of this run's daemon while it runs
         self.skips = {}  # skip reason -> how many tests gave it
 
     def left(self) -> float:
@@ -187,8 +216,56 @@ class Check:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.pop("PYTEST_ADDOPTS", None)  # .ci/run's --require-deps is for the CPU suite
+        env.update(self.mps_env)
         env.update({k: str(v) for k, v in extra.items()})
         return env
+
+    # CUDA MPS (see the module docstring)
+    def mps_start(self, phase: str) -> None:
+        m = self.summary["machine"]
+        wanted = self.args.mps == "all" or (self.args.mps == "bench" and phase == "bench")
+        if self.mps_env or self.emulated or not wanted or m.get("mps", "").startswith("not used"):
+            return
+        ctl = shutil.which("nvidia-cuda-mps-control")
+        if ctl is None:
+            m["mps"] = "not used: nvidia-cuda-mps-control is not on PATH"
+            return
+        if os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")):
+            m["mps"] = "not used: a daemon of the machine's own runs (its clients are used as they are)"
+            return
+        base = self.out / ".mps"
+        env = {"CUDA_MPS_PIPE_DIRECTORY": str(base / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(base / "log")}
+        for d in env.values():
+            Path(d).mkdir(parents=True, exist_ok=True)
+        try:
+            res = subprocess.run([ctl, "-d"], env=dict(os.environ, **env), capture_output=True, text=True,
+                                 timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError) as e:
+            m["mps"] = f"not used: nvidia-cuda-mps-control -d failed: {e}"
+            return
+        if res.returncode != 0:
+            m["mps"] = f"not used: nvidia-cuda-mps-control -d exit {res.returncode}: {(res.stderr or res.stdout)[:300]}"
+            return
+        self.mps_env = env
+        m["mps"] = f"a daemon of this run's own ({'tests and figures' if self.args.mps == 'all' else 'figures'})"
+
+    def mps_stop(self) -> None:
+        if not self.mps_env:
+            return
+        env = dict(os.environ, **self.mps_env)
+        self.mps_env = {}
+        ctl = shutil.which("nvidia-cuda-mps-control")
+        try:
+            subprocess.run([ctl], input="quit\n", env=env, capture_output=True, text=True,
+                           timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        # quit returns at once; the server leaves once its clients have: wait for the pipe to go (bounded)
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+        for _ in range(50):
+            if not pipe.exists():
+                break
+            time.sleep(0.1)
 
     # machine
     def preflight(self) -> None:
@@ -255,25 +332,25 @@ class Check:
                                                "skip_reasons": []}
         t0 = time.time()
         steps = _steps(self.emulated)
-        # What fits: every step's minimum share, then the later phases' (lower priority). The lowest-priority ones
-        # go first until the rest fits the budget left; each kept step may use what the kept later ones do not need.
-        minimums = [s[3] for s in steps] + self.reserve_after_tests()
-        keep = len(minimums)
-        while keep and sum(minimums[:keep]) > self.left():
-            keep -= 1
+        # Every step's minimum, then the later phases' (lower priority); re-planned before each step (share()).
+        tail_min, tail_w = self.after_tests()
+        minimums = [s[3] for s in steps] + tail_min
+        weights = [_WEIGHTS[s[0]] for s in steps] + tail_w
         workers = self.workers()
+        trimmed = False
         for i, (name, title, runs, minimum, grace) in enumerate(steps):
-            share = self.left() - sum(minimums[i + 1:keep])
+            keep, mine = share(self.left(), minimums[i:], weights[i:])
             entry = {"name": name, "title": title, "status": "running", "seconds": 0.0,
                      "counts": {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "trimmed": 0}}
             ph["steps"].append(entry)
-            if i >= keep or share < minimum:
-                entry.update(status="trimmed", reason=f"{max(share, 0):.0f} s of the budget left for it after the "
+            if trimmed or keep == 0:  # nothing runs after a trimmed step: priority order holds
+                trimmed = True
+                entry.update(status="trimmed", reason=f"{max(self.left(), 0):.0f} s of the budget left after the "
                                                       f"steps before it (needs {minimum} s)")
                 self.summary["trimmed"].append(f"test step {name}: {entry['reason']}")
                 continue
-            deadline = time.time() + share
-            entry["share_s"] = round(share, 1)
+            deadline = time.time() + mine
+            entry["share_s"] = round(mine, 1)
             for j, (files, kexpr) in enumerate(runs):
                 xml = self.out / f".junit-{name}-{j}.xml"
                 cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rN",
@@ -347,13 +424,16 @@ class Check:
             return 1
         return max(1, min(8, (os.cpu_count() or 2) // 2))
 
-    def reserve_after_tests(self) -> list:
-        out = []
+    def after_tests(self) -> tuple:
+        """The minimums and weights of the phases after the tests."""
+        mins, weights = [], []
         if "sanitize" in self.args.phases and not self.emulated:
-            out.append(60)
+            mins.append(_SANITIZE_MIN)
+            weights.append(_SANITIZE_WEIGHT)
         if "bench" in self.args.phases:
-            out.append(45)
-        return out
+            mins.append(_BENCH_MIN)
+            weights.append(_BENCH_WEIGHT)
+        return mins, weights
 
     def sanitize(self) -> None:
         ph = self.summary["phases"]["sanitize"] = {"status": "running"}
@@ -364,14 +444,18 @@ class Check:
         if shutil.which("compute-sanitizer") is None:
             ph.update(status="failed", reason="compute-sanitizer is not on PATH (the CUDA toolkit's bin/)")
             return
-        share = self.left() - (45 if "bench" in self.args.phases else 0)
-        if share < 40:
-            ph.update(status="trimmed", reason=f"{share:.0f} s of the budget left for it (needs 40 s)")
+        bench = "bench" in self.args.phases
+        keep, mine = share(self.left(), [_SANITIZE_MIN] + ([_BENCH_MIN] if bench else []),
+                           [_SANITIZE_WEIGHT] + ([_BENCH_WEIGHT] if bench else []))
+        if keep == 0:  # the sanitizer before the figures: the bench goes first
+            ph.update(status="trimmed", reason=f"{self.left():.0f} s of the budget left for it "
+                                               f"(needs {_SANITIZE_MIN} s)")
             self.summary["trimmed"].append(f"sanitize: {ph['reason']}")
             return
-        rc, secs, out = run([sys.executable, "tests/custom/sanitize_custom.py", "--timeout", f"{share / 2 - 5:.0f}"],
+        self.mps_stop()  # compute-sanitizer refuses MPS clients
+        rc, secs, out = run([sys.executable, "tests/custom/sanitize_custom.py", "--timeout", f"{mine / 2 - 5:.0f}"],
                             self.out / "sanitize.log",
-                            timeout=share, env=self.env(), title="compute-sanitizer memcheck and racecheck")
+                            timeout=mine, env=self.env(), title="compute-sanitizer memcheck and racecheck")
         tools = [{"tool": m.group(1), "status": "passed" if m.group(2) == "clean" else "failed",
                   "detail": m.group(0)[:300]}
                  for m in re.finditer(r"^(memcheck|racecheck): (clean|FAILED)[^\n]*", out, re.MULTILINE)]
@@ -383,16 +467,17 @@ class Check:
 
     def bench(self) -> None:
         ph = self.summary["phases"]["bench"] = {"status": "running"}
-        share = self.left()
-        if share < 25:
-            ph.update(status="trimmed", reason=f"{share:.0f} s of the budget left for it (needs 25 s)")
+        left = self.left()
+        if left < _BENCH_MIN:
+            ph.update(status="trimmed", reason=f"{left:.0f} s of the budget left for it (needs {_BENCH_MIN} s)")
             self.summary["trimmed"].append(f"bench: {ph['reason']}")
             return
         res_file = self.out / ".bench-result.json"
         res_file.unlink(missing_ok=True)
         cmd = [sys.executable, ".ci/gpu_bench.py", "--out", self.out, "--result", res_file, "--seconds",
-               f"{share - 10:.0f}"] + (["--emulated"] if self.emulated else [])
-        rc, secs, out = run(cmd, self.out / "bench.log", timeout=share, env=self.env(), title="figures")
+               f"{left - 10:.0f}"] + (["--emulated"] if self.emulated else [])
+        self.mps_start("bench")
+        rc, secs, out = run(cmd, self.out / "bench.log", timeout=left, env=self.env(), title="figures")
         ph["seconds"] = round(secs, 1)
         result = json.loads(res_file.read_text()) if res_file.exists() else {}
         res_file.unlink(missing_ok=True)
@@ -419,6 +504,7 @@ class Check:
         ET.ElementTree(root).write(self.out / "junit.xml", encoding="utf-8", xml_declaration=True)
 
     def finish(self, code: int, quiet: bool = False) -> None:
+        self.mps_stop()
         self.merge_junit()
         for stray in self.out.glob(".junit-*.xml"):
             stray.unlink()
@@ -488,11 +574,13 @@ class Check:
                 self.fail_fast(f"the installed gpucoll does not match this run: build {info['build']}, "
                                f"device_count {info['probe'].get('device_count')}")
         if "test" in phases:
+            self.mps_start("test")
             self.test()
         if "sanitize" in phases:
             self.sanitize()
         if "bench" in phases:
             self.bench()
+        self.mps_stop()
         ran = [p for p in self.summary["phases"].values() if p["status"] not in ("skipped", "trimmed")]
         self.finish(1 if any(p["status"] == "failed" for p in ran) else 0)
 
@@ -503,6 +591,8 @@ def parse(argv=None):
     p.add_argument("--out", default="gpu-check", help="folder for summary.json, junit.xml, logs and figures")
     p.add_argument("--phase", default="all", help="build, test, sanitize, bench or all; several with commas")
     p.add_argument("--emulated", action="store_true", help="on gpucoll's emulated CUDA device (no GPU needed)")
+    p.add_argument("--mps", choices=("bench", "all", "off"), default="bench",
+                   help="which phases run under a CUDA MPS daemon of this run's own where none runs (see above)")
     args = p.parse_args(argv)
     chosen = [x.strip() for x in args.phase.split(",") if x.strip()]
     bad = [x for x in chosen if x not in PHASES + ("all",)]
@@ -515,4 +605,8 @@ def parse(argv=None):
 
 
 if __name__ == "__main__":
-    Check(parse()).main()
+    check = Check(parse())
+    try:
+        check.main()
+    finally:
+        check.mps_stop()  # also on an interrupt: never leave a daemon behind
