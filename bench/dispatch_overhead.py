@@ -24,8 +24,9 @@ machine the other tenants move every figure: compare ratios from one run, and ru
 --contend K starts K processes that spin on the CPU for the whole measurement (data-loader workers and other jobs
 make such contention ordinary): ranks that sleep in a wait lose the CPU to them, ranks that spin do not.
 
---backend nccl times the same public, general and native variants on CUDA memory (a DeviceArray; a GPU, or the
-emulated device with GPUCOLL_CUDA=emulate), native being the NcclComm binding of ncclAllReduce the paths end in. The
+--backend nccl or custom times the same public, general and native variants on CUDA memory (a DeviceArray; a GPU,
+or the emulated device with GPUCOLL_CUDA=emulate), native being the binding the paths end in (NcclComm's of
+ncclAllReduce; CustomComm.run_all_reduce with the selector's algorithm, chosen once). The
 clock is the calling thread's CPU time: what a call costs its caller while the device (on the emulated device, its
 worker threads) runs behind it. Emulated figures are ratios of CPU work, not GPU timings.
 """
@@ -116,9 +117,10 @@ def _cpu_time(fn, calls: int) -> float:
     return (time.thread_time() - t0) / calls * 1e6
 
 
-def _nccl_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
-    """--backend nccl: the same three variants on a DeviceArray (CUDA memory), timed in this thread's CPU time, which
-    is what a call costs its caller while the device works behind it (on the emulated device its worker threads)."""
+def _gpu_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
+    """--backend nccl or custom: the same three variants on a DeviceArray (CUDA memory), timed in this thread's CPU
+    time, which is what a call costs its caller while the device works behind it (on the emulated device its worker
+    threads)."""
     from gpucoll import _buffers
     from gpucoll._device_array import DeviceArray
     from gpucoll._native import _C
@@ -128,10 +130,18 @@ def _nccl_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
     comm.all_reduce(x)
     ok = bool((x.to_host() == comm.world_size * (comm.world_size + 1) / 2).all())
     buf = _buffers.resolve(x, "x", writable=True)
-    native_comm = comm._ops.impl.native  # gpucoll._C.NcclComm: the binding of ncclAllReduce the paths end in
+    native_comm = comm._ops.impl.native  # the binding the paths end in: NcclComm, or CustomComm
+    if comm.backend == "nccl":
+        def native():
+            native_comm.collective(0, buf.ptr, buf.ptr, buf.count, buf.dtype, _C.RedOp.sum, 0, 0, False, None)
+    else:
+        algo = comm._ops.algorithm_for(0, buf.nbytes, "float32", "auto")  # the selector's answer, once
+        if not algo.startswith("custom"):
+            raise SystemExit(f"the selector gives this size to {algo}: pick a smaller --bytes for --backend custom")
+        algo = algo.split(":")[1] if ":" in algo else "auto"
 
-    def native():
-        native_comm.collective(0, buf.ptr, buf.ptr, buf.count, buf.dtype, _C.RedOp.sum, 0, 0, False, None)
+        def native():
+            native_comm.run_all_reduce(buf.ptr, buf.ptr, buf.count, buf.dtype, _C.RedOp.sum, False, algo, 0)
 
     def public():
         comm.all_reduce(x)
@@ -208,8 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--contend", type=int, default=0, help="busy processes beside the ranks")
     ap.add_argument("--torch", action="store_true",
                     help="also time dist.all_reduce(t) on a CPU tensor through gpucoll's torch backend")
-    ap.add_argument("--backend", choices=("host", "nccl"), default="host",
-                    help="nccl: CUDA memory (a GPU, or GPUCOLL_CUDA=emulate), CPU time of the calling thread, no MPICH")
+    ap.add_argument("--backend", choices=("host", "nccl", "custom"), default="host",
+                    help="nccl, custom: CUDA memory (a GPU, or GPUCOLL_CUDA=emulate), CPU time of the calling thread, "
+                         "no MPICH")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     import gpucoll
@@ -220,10 +231,10 @@ def main(argv=None) -> int:
         p.start()
     try:
         torch_port = free_port() if a.torch else 0
-        if a.backend == "nccl":
-            per_rank = gpucoll.spawn(_nccl_rank, a.nranks, args=(a.rounds, a.calls, a.bytes), backend="nccl",
+        if a.backend in ("nccl", "custom"):
+            per_rank = gpucoll.spawn(_gpu_rank, a.nranks, args=(a.rounds, a.calls, a.bytes), backend=a.backend,
                                      timeout=600.0)
-            mpich = {"skipped": "--backend nccl compares with its own native call only"}
+            mpich = {"skipped": f"--backend {a.backend} compares with its own native call only"}
         else:
             per_rank = gpucoll.spawn(_gpucoll_rank, a.nranks, args=(a.rounds, a.calls, a.bytes, torch_port),
                                      backend="host", timeout=600.0)
@@ -237,7 +248,7 @@ def main(argv=None) -> int:
     if "mpich" in mpich:
         rows["mpich"] = mpich["mpich"]
     med = {k: statistics.median(v) for k, v in rows.items()}
-    report = {"backend": a.backend, "clock": "thread CPU" if a.backend == "nccl" else "wall",
+    report = {"backend": a.backend, "clock": "wall" if a.backend == "host" else "thread CPU",
               "nranks": a.nranks, "bytes": a.bytes, "calls": a.calls, "rounds": a.rounds, "contend": a.contend,
               "load_avg": os.getloadavg(), "ok": all(r["ok"] for r in per_rank) and mpich.get("ok", True),
               "us_per_call": rows, "median_us": med, "best_us": {k: min(v) for k, v in rows.items()},

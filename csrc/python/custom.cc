@@ -18,6 +18,7 @@
 #include "backends/custom/cuda/custom_comm.h"
 #include "backends/custom/cuda/peer_memory.h"
 #include "backends/custom/cuda/stream_graph.h"
+#include "device/cuda/cuda_util.h"
 #endif
 
 namespace py = pybind11;
@@ -178,6 +179,49 @@ void bind_cuda(py::module_& m) {
           py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("premul"),
           py::arg("algo"), py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
           "One allreduce, checked, chosen and enqueued: '' when it runs here, else why the kernels decline it.")
+      .def(
+          "all_reduce_array",
+          // Communicator.all_reduce(x) in place of a plain __cuda_array_interface__ array (cuda_array.cc), sync,
+          // algo auto, on x's own stream: the buffer, its placement, the per-call choice, eligibility and the launch
+          // in one crossing. `choices` is the selector's answer per size bucket, {dtype * 64 + log2 of the power of
+          // two at or above the bytes: algorithm name, or None for NCCL}, filled lazily by the caller, or None where
+          // no selector decides (the kernels' own size rule). Returns True when it ran here; "nccl" where the
+          // choice is NCCL; the key where `choices` lacks it (the caller asks the selector and calls again); False
+          // for anything else. Only True has enqueued anything: the others leave the call to the caller's paths,
+          // which raise the general path's typed errors and log its fallbacks.
+          [](CustomComm& c, py::handle x, RedOp op, py::handle choices) -> py::object {
+            CudaArrayView v;
+            if (!cuda_array_view(x, &v)) return py::bool_(false);
+            std::string algo = "auto";
+            if (!choices.is_none()) {
+              if (!PyDict_Check(choices.ptr())) return py::bool_(false);
+              const size_t nbytes = v.count * dtype_size(v.dtype);
+              const long lg = nbytes <= 1 ? 0 : 64 - __builtin_clzll(static_cast<unsigned long long>(nbytes - 1));
+              const long key = static_cast<long>(v.dtype) * 64 + lg;
+              const py::object k = py::reinterpret_steal<py::object>(PyLong_FromLong(key));
+              PyObject* hit = PyDict_GetItemWithError(choices.ptr(), k.ptr());  // borrowed
+              if (hit == nullptr) {
+                if (PyErr_Occurred()) throw py::error_already_set();
+                return k;
+              }
+              if (hit == Py_None) return py::str("nccl");
+              if (!PyUnicode_Check(hit)) return py::bool_(false);
+              algo = py::cast<std::string>(hit);
+            }
+            std::string declined;
+            {
+              py::gil_scoped_release release;
+              const cuda::PointerInfo where = cuda::pointer_info(reinterpret_cast<const void*>(v.ptr));
+              if (!where.device_memory || where.device != c.device()) {
+                declined = "placement";
+              } else {
+                declined = c.run_all_reduce(reinterpret_cast<const void*>(v.ptr), reinterpret_cast<void*>(v.ptr),
+                                            v.count, v.dtype, op, false, algo, as_stream(v.stream));
+              }
+            }
+            return py::bool_(declined.empty());
+          },
+          py::arg("x"), py::arg("op"), py::arg("choices"))
       .def("set_placement", &CustomComm::set_placement, py::arg("hosts"), py::arg("p2p"),
            "Every rank's host and the agreed P2P matrix; returns why the kernels can never run here ('' if they can).")
       .def(

@@ -16,12 +16,29 @@ from __future__ import annotations
 
 import abc
 
+from gpucoll._native import _C
 from gpucoll.errors import Unsupported
 
 # Collective ids: the numbering of gpucoll::algo::Coll.
 ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER = range(8)
 # Collectives whose buffer is world_size blocks of `count` elements: a call's size counts all of them.
 BLOCKED = (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER)
+
+# all_reduce's lower-case op names, for the backends' one-call paths (fast_all_reduce).
+FAST_OPS = {name: getattr(_C.RedOp, name) for name in ("sum", "prod", "min", "max", "avg")}
+# Per array type: whether a GPU backend's one-call path may read it in C++ (python/cuda_array.cc). torch tensors and
+# CuPy arrays also export __cuda_array_interface__, but they are ordered on their framework's current stream, which
+# only Python can ask; NumPy arrays are host memory, which the general path refuses with its message.
+_PLAIN_CAI: dict = {}
+
+
+def plain_cuda_array(x) -> bool:
+    """Whether x's type is one the GPU backends' one-call paths read (an array that only exports
+    __cuda_array_interface__: gpucoll's DeviceArray, Numba, ...)."""
+    plain = _PLAIN_CAI.get(type(x))
+    if plain is None:
+        plain = _PLAIN_CAI.setdefault(type(x), not type(x).__module__.startswith(("torch", "cupy", "numpy")))
+    return plain
 
 
 class Backend(abc.ABC):

@@ -30,7 +30,7 @@ import socket
 from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._native import _C
 from gpucoll.backends import nccl, select
-from gpucoll.backends.base import BLOCKED, Backend
+from gpucoll.backends.base import ALL_REDUCE, BLOCKED, FAST_OPS, Backend, plain_cuda_array
 from gpucoll.backends.usable import CUSTOM_ALGORITHMS as ALGORITHMS
 from gpucoll.backends.usable import MULTI_RANK_ENV, pick_device
 from gpucoll.backends.usable import check_custom_usable as check_usable
@@ -102,7 +102,9 @@ class CustomBackend:
     """The Communicator's implementation object for backend='custom'."""
 
     def __init__(self, native, *, rank, world_size, device, store, prefix, timeout, hosts, p2p, nccl, nccl_why,
-                 trace_key: str = "", who=None):
+                 placement: str = "", trace_key: str = "", who=None):
+        """`placement`: why the kernels can never run on this communicator ('' when they can), as
+        CustomComm.set_placement settled it at set-up."""
         self._native = native
         self.trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
         self._who = list(who or [None] * world_size)  # [host, pid] of every rank, for the hang report
@@ -119,8 +121,7 @@ class CustomBackend:
         self._closed = False
         self._broken = False
         self.stats = {"custom": 0, "nccl": 0}
-        static = _C.custom_eligibility(world_size, self._hosts, self._p2p, _C.DType.float32, self._sum, False, 0, 0, 0)
-        self.static_reason = "" if static["ok"] else static["reason"]
+        self.static_reason = placement
         if self.static_reason:
             _log.warn(f"custom backend: its kernels cannot run on this communicator ({self.static_reason}); "
                       f"{'NCCL runs every call' if nccl is not None else 'calls will raise Unsupported'}")
@@ -224,6 +225,33 @@ class CustomBackend:
         event.record(s)
         return CustomWork(self, event, src.kind)
 
+    def all_reduce_array(self, x, redop, choices) -> object:
+        """all_reduce(x) in place of a plain __cuda_array_interface__ array, sync, algo auto, in one native call
+        (CustomComm.all_reduce_array, which documents `choices` and what it returns): True when it ran on the
+        kernels; "nccl", a table key or False, with nothing enqueued, otherwise."""
+        if self._closed or self._broken:
+            return False  # the general path raises why
+        done = self._native.all_reduce_array(x, redop, choices)
+        if done is True:
+            self.stats["custom"] += 1
+        return done
+
+    def nccl_all_reduce_array(self, x, redop, choices) -> bool:
+        """The selector gave this all_reduce to NCCL (its reason logged when the table was filled): the fallback's
+        one-call path (NcclBackend.all_reduce_array)."""
+        if self._nccl is None or self._closed:
+            return False  # the general path raises why
+        done = self._nccl.all_reduce_array(x, redop)
+        if done:
+            self.stats["nccl"] += 1
+        return done
+
+    def log_fallback(self, coll_name: str, reason: str) -> None:
+        """Once per distinct reason: why NCCL runs a call."""
+        if reason not in self._logged:
+            self._logged.add(reason)
+            _log.info(f"custom backend: NCCL runs {coll_name}: {reason}")
+
     def _require_nccl(self, what: str):
         if self._nccl is None:
             raise Unsupported(f"the custom backend cannot run {what}, and it has no NCCL fallback: {self._nccl_why}")
@@ -249,9 +277,7 @@ class CustomBackend:
 
     def _fallback(self, reason, coll, src, dst, count, redop, root, stream, async_op):
         nccl = self._require_nccl(f"this call ({reason})")
-        if reason not in self._logged:
-            self._logged.add(reason)
-            _log.info(f"custom backend: NCCL runs {_C.coll_names()[coll]}: {reason}")
+        self.log_fallback(_C.coll_names()[coll], reason)
         self.stats["nccl"] += 1
         return nccl.collective(coll, src, dst, count, redop, root, stream, async_op)
 
@@ -382,6 +408,42 @@ class Custom(Backend):
             return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=choice.algorithm)
         return self.impl.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
 
+    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
+        """all_reduce(x) in place, sync, algo 'auto', on x's own stream, of an array that only exports
+        __cuda_array_interface__: one native call, the selector's answer for its size and dtype read from a table
+        (Selector.fast_choices) that this fills the first time a size bucket is seen. Where the answer is NCCL, the
+        fallback's own one-call path. False where anything else was asked or a native call declines; the general
+        path then runs the call, with its errors and its fallback's log."""
+        if stream is not None or async_op is not False or type(op) is not str or algo != "auto":
+            return False
+        redop = FAST_OPS.get(op)
+        if redop is None or not plain_cuda_array(x):
+            return False
+        choices = self.selector.fast_choices if self._modelled() else None
+        for _ in range(2):  # at most one table miss: the second call finds the key
+            done = self.impl.all_reduce_array(x, redop, choices)
+            if type(done) is not int:
+                break
+            if not self._fill(choices, done):
+                return False
+        if done == "nccl":
+            return self.impl.nccl_all_reduce_array(x, redop, choices)
+        return done is True
+
+    def _fill(self, choices: dict, key: int) -> bool:
+        """The selector's answer for all_reduce of dtype key // 64 in the size bucket 2 ** (key % 64) into
+        `choices`; False (the general path then asks, and raises) where the selector refuses."""
+        try:
+            dtype = _C.DType(key // 64).name
+            choice = self.selector.choose(ALL_REDUCE, 1 << (key % 64), dtype, "auto",
+                                          backend="auto" if self.chosen else "custom")
+        except Exception:  # noqa: BLE001 - the general path asks the same question and raises the typed error
+            return False
+        choices[key] = choice.algorithm if choice.backend == "custom" else None
+        if choice.backend != "custom":
+            self.impl.log_fallback("all_reduce", choice.reason)
+        return True
+
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         if not self._modelled():
             return "custom"
@@ -475,7 +537,7 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
         for r in range(P):
             p2p += list(store.get_json(f"{prefix}p2p/{r}", timeout=timeout))
         # The placement half of eligibility (nodes, P2P), settled once: run_all_reduce checks each call's half.
-        native.set_placement(hosts, p2p)
+        placement = native.set_placement(hosts, p2p)
         fallback, why = None, "GPUCOLL_CUSTOM_NCCL_FALLBACK=0"
         if config.get_bool("GPUCOLL_CUSTOM_NCCL_FALLBACK"):
             # Every rank decides from the same table, so all of them build NCCL or none does (its init is
@@ -495,5 +557,5 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
     _log.debug(f"custom communicator: rank {rank}/{P} on cuda:{dev}, {native.sms} SMs, P2P row {row}")
     key = "custom-" + hashlib.sha256(json.dumps([prefix, hello]).encode()).hexdigest()[:16]  # every IPC handle
     return CustomBackend(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
-                         hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why, trace_key=key,
+                         hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why, placement=placement, trace_key=key,
                          who=[[h[0], h[5]] for h in hello])

@@ -18,13 +18,12 @@ import numpy as np
 
 from gpucoll import _buffers
 from gpucoll._native import _C
-from gpucoll.backends.base import BLOCKED, Backend
+from gpucoll.backends.base import BLOCKED, FAST_OPS, Backend
 from gpucoll.bootstrap._liveness import pid_exited
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
 _KIND_NAMES = {"torch": "torch tensor", "cupy": "CuPy array", "cai": "__cuda_array_interface__ array",
                "dlpack": "DLPack array"}
-_FAST_OPS = {name: getattr(_C.RedOp, name) for name in ("sum", "prod", "min", "max", "avg")}
 _HOST_STREAM = "stream= applies to the nccl backend; the host backend runs each operation on the calling thread"
 
 
@@ -71,7 +70,7 @@ class Host(Backend):
         if (type(x) is not np.ndarray or stream is not None or async_op is not False or type(algo) is not str
                 or algo != "auto" or type(op) is not str or self._group is not None):
             return False
-        redop = _FAST_OPS.get(op)
+        redop = FAST_OPS.get(op)
         return redop is not None and self.impl.all_reduce_array(x, redop, self.local_size)
 
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):

@@ -28,7 +28,7 @@ import weakref
 from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._call_check import StoreCallCheck
 from gpucoll._native import _C
-from gpucoll.backends.base import Backend
+from gpucoll.backends.base import FAST_OPS, Backend, plain_cuda_array
 from gpucoll.backends.nccl_arrivals import Arrivals
 from gpucoll.backends.nccl_plan import spawn_plan, version_text
 from gpucoll.backends.usable import (
@@ -43,13 +43,6 @@ from gpucoll.backends.usable import check_nccl_usable as check_usable
 from gpucoll.backends.usable import nccl_problems as problems
 from gpucoll.backends.work import CompletedWork, PreMulSum, Work, premul_sum
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
-
-# all_reduce's lower-case op names, for the one-call path (Nccl.fast_all_reduce).
-_FAST_OPS = {name: getattr(_C.RedOp, name) for name in ("sum", "prod", "min", "max", "avg")}
-# Per array type: whether the one-call path may read it (fast_all_reduce). torch tensors and CuPy arrays also export
-# __cuda_array_interface__, but they are ordered on their framework's current stream, which only Python can ask;
-# NumPy arrays are host memory, which the general path refuses with its message.
-_PLAIN_CAI: dict = {}
 
 # This module's own names for the checks it shares with the custom backend (tests and tools use them from here).
 __all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum", "Work", "auto_selects_nccl",
@@ -478,11 +471,8 @@ class Nccl(Backend):
         False where anything else was asked or the native call declines; the general path then runs the call."""
         if stream is not None or async_op is not False or type(op) is not str or type(algo) is not str:
             return False
-        plain = _PLAIN_CAI.get(type(x))
-        if plain is None:
-            plain = _PLAIN_CAI.setdefault(type(x), not type(x).__module__.startswith(("torch", "cupy", "numpy")))
-        redop = _FAST_OPS.get(op)
-        return (plain and redop is not None and (algo == "auto" or algo == "nccl")
+        redop = FAST_OPS.get(op)
+        return (redop is not None and (algo == "auto" or algo == "nccl") and plain_cuda_array(x)
                 and self.impl.all_reduce_array(x, redop))
 
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):

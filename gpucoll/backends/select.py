@@ -134,6 +134,9 @@ class Selector:
                 raise InvalidArgument(f"gpus must list one GPU per rank ({world_size}); got {len(self.gpus)}")
             self._set_layout(hosts if hosts is not None else [topo.gpu_host(g) for g in self.gpus])
         self._cache: dict = {}
+        # all_reduce's answers for the custom backend's one-call path, per dtype and size bucket, in the form the
+        # native call reads (CustomComm.all_reduce_array; Custom.fast_all_reduce fills it): cleared with the cache.
+        self.fast_choices: dict = {}
         self._lock = threading.Lock()
 
     def _set_layout(self, hosts) -> None:
@@ -188,6 +191,7 @@ class Selector:
                 self.topology.set_p2p(self.gpus[a], self.gpus[b], "failed")
         with self._lock:
             self._cache.clear()
+            self.fast_choices.clear()
 
     def describe(self) -> str:
         a = self.avail

@@ -21,7 +21,7 @@ from gpucoll._help import HelpFormatter, reader_may_leave
 from gpucoll.bench.colls import canonical, names
 from gpucoll.errors import GpucollError, InvalidArgument
 
-COLLS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
+COLLS = tuple(_C.coll_names())  # the core's collectives, in the order of their ids
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
 
 COLUMNS = ("# steps: synchronised steps of the schedule per piece; sent/rank, recv/rank: bytes the busiest rank sends "

@@ -34,18 +34,20 @@ def test_every_variant_runs_and_is_exact(tmp_path):
 
 
 @pytest.mark.gpu
-def test_the_nccl_variant_runs_and_is_exact(tmp_path):
-    """--backend nccl on CUDA memory (a GPU, or the emulated device and its NCCL stand-in)."""
+@pytest.mark.parametrize("backend", ["nccl", "custom"])
+def test_the_gpu_variants_run_and_are_exact(tmp_path, backend):
+    """--backend nccl or custom on CUDA memory (a GPU, or the emulated device and its NCCL stand-in)."""
     import gpu_arrays
 
-    gpu_arrays.require_nccl_ranks(2)
+    if backend == "nccl":
+        gpu_arrays.require_nccl_ranks(2)
     out = tmp_path / "d.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dispatch_overhead.py"), "--backend", "nccl",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dispatch_overhead.py"), "--backend", backend,
                         "--rounds", "1", "--calls", "50", "--json", str(out)], capture_output=True, text=True,
                        timeout=240, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads(out.read_text())
-    assert report["ok"] is True and report["clock"] == "thread CPU" and report["backend"] == "nccl"
+    assert report["ok"] is True and report["clock"] == "thread CPU" and report["backend"] == backend
     assert set(report["us_per_call"]) == {"public", "general", "native"}, report["us_per_call"]
     assert all(v > 0 for rows in report["us_per_call"].values() for v in rows)
     assert report["public_over_native"] > 0

@@ -13,20 +13,13 @@ import pytest
 import gpucoll
 from gpucoll._device_array import DeviceArray
 from gpucoll.backends.nccl import NcclBackend
-from gpucoll.errors import InvalidArgument, Unsupported
+from gpucoll.errors import Unsupported
 
 pytestmark = [pytest.mark.spawns, pytest.mark.gpu]
 
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
 OPS = ("sum", "prod", "min", "max", "avg")
 COUNTS = (1, 7, 1000)
-
-
-class _Cai:
-    """A __cuda_array_interface__ over `base`'s memory with the given overrides (strides, data, mask, typestr...)."""
-
-    def __init__(self, base, **over):
-        self.__cuda_array_interface__ = dict(base.__cuda_array_interface__, **over)
 
 
 def _device(comm) -> int:
@@ -64,44 +57,23 @@ def test_every_dtype_and_op_is_exact_on_the_one_call_path():
 
 
 def _on_its_stream(comm):
-    """An interface that names a stream is reduced on that stream, as the general path orders it."""
-    dev = _device(comm)
-    stream = gpucoll._C.CudaStream(dev)
-    x = DeviceArray.from_host(np.full(1000, comm.rank + 1, np.float32), device=dev)
-    taken = []
-    real = NcclBackend.all_reduce_array
-    NcclBackend.all_reduce_array = lambda self, *a: taken.append(real(self, *a)) or taken[-1]
-    try:
-        comm.all_reduce(_Cai(x, stream=stream.handle))
-    finally:
-        NcclBackend.all_reduce_array = real
-    stream.synchronize()
-    return taken, x.to_host()[[0, -1]].tolist()
+    return gpu_arrays.reduce_on_interface_stream(comm, NcclBackend)
 
 
 def test_an_interface_stream_is_the_one_it_runs_on():
     gpu_arrays.require_nccl_ranks(2)
-    for taken, ends in gpucoll.spawn(_on_its_stream, 2, backend="nccl"):
-        assert taken == [True] and ends == [3.0, 3.0], (taken, ends)
+    for taken, bad in gpucoll.spawn(_on_its_stream, 2, backend="nccl"):
+        assert taken == [True] * 3 and bad == [], (taken, bad)
 
 
 def _declines(comm):
     """What the one-call path declines raises the general path's typed error, on every rank."""
     dev = _device(comm)
     x = DeviceArray.from_host(np.zeros(8, np.float32), device=dev)
-    seen = []
-    for make, exc, what in (
-        (lambda: _Cai(x, shape=(4,), strides=(8,)), InvalidArgument, "C-contiguous"),
-        (lambda: _Cai(x, data=(x.ptr, True)), InvalidArgument, "writable"),
-        (lambda: _Cai(x, mask=object()), Unsupported, "masked"),
-        (lambda: _Cai(x, typestr=">f4"), InvalidArgument, "byte order"),
-        (lambda: _Cai(x, typestr="|V4"), Unsupported, "raw bytes"),
-        (lambda: _Cai(x, typestr="<u4"), Unsupported, "uint32"),
-        (lambda: _Cai(x, stream=-1), InvalidArgument, "stream"),
-    ):
-        with pytest.raises(exc, match=what):
-            comm.all_reduce(make())
-        seen.append(what)
+    seen = gpu_arrays.declined_interfaces_raise(comm, x)
+    with pytest.raises(Unsupported, match="uint32"):
+        comm.all_reduce(gpu_arrays.Interface(x, typestr="<u4"))
+    seen.append("uint32")
     empty = DeviceArray.from_host(np.zeros(0, np.float32), device=dev)
     assert comm.all_reduce(empty) is empty
     y = DeviceArray.from_host(np.full(5, comm.rank + 1, np.float32), device=dev)
@@ -113,5 +85,5 @@ def _declines(comm):
 
 def test_what_it_declines_raises_the_same_typed_errors_on_every_rank():
     gpu_arrays.require_nccl_ranks(2)
-    want = ["C-contiguous", "writable", "masked", "byte order", "raw bytes", "uint32", "stream"]
+    want = [w for _, _, w in gpu_arrays.DECLINED_INTERFACES] + ["uint32"]
     assert gpucoll.spawn(_declines, 2, backend="nccl") == [(want, [6.0] * 5)] * 2  # 1+2, max, then sum

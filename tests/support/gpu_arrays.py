@@ -168,3 +168,65 @@ class TorchArrays:
 
 def provider(name: str):
     return DeviceArrays() if name == "device_array" else TorchArrays()
+
+
+# -- the GPU backends' one-call paths (tests/nccl/test_nccl_fast_path.py, tests/custom/test_custom_fast_path.py) ----
+
+class Interface:
+    """A __cuda_array_interface__ over `base`'s memory with the given overrides (strides, data, mask, typestr...)."""
+
+    def __init__(self, base, **over):
+        self.__cuda_array_interface__ = dict(base.__cuda_array_interface__, **over)
+
+
+def reduce_on_interface_stream(comm, impl_cls, trials: int = 3):
+    """all_reduce(x) of an interface that names a stream where a 32 MiB copy and then x's fill are still queued (a
+    non-blocking stream): a call on any other stream reads x half-made. Returns (what impl_cls.all_reduce_array
+    returned on each call, one line per wrong trial)."""
+    from gpucoll import _C
+    from gpucoll.testing import DeviceArray
+
+    dev, n = int(comm.device.split(":")[1]), 20001
+    stream = _C.CudaStream(dev)
+    pad_src, pad_dst = DeviceArray((8 << 20,), "float32", dev), DeviceArray((8 << 20,), "float32", dev)
+    host = np.arange(n, dtype=np.float32) % 97 + comm.rank
+    want = (np.arange(n, dtype=np.float32) % 97) * comm.world_size + sum(range(comm.world_size))
+    taken, bad = [], []
+    real = impl_cls.all_reduce_array
+    impl_cls.all_reduce_array = lambda self, *a: taken.append(real(self, *a)) or taken[-1]
+    try:
+        for trial in range(trials):
+            x = DeviceArray((n,), "float32", dev)
+            x.fill_bytes(SENTINEL)
+            _C.cuda_copy(pad_dst.ptr, pad_src.ptr, pad_src.nbytes, dev, stream.handle)
+            _C.cuda_copy(x.ptr, host.ctypes.data, host.nbytes, dev, stream.handle)
+            comm.all_reduce(Interface(x, stream=stream.handle))
+            stream.synchronize()
+            if not np.array_equal(x.to_host(), want):
+                bad.append(f"trial {trial}: {np.count_nonzero(x.to_host() != want)} elements wrong")
+    finally:
+        impl_cls.all_reduce_array = real
+    return taken, bad
+
+
+# Interfaces the one-call paths decline, with the general path's typed error (class name) and a word of its message.
+DECLINED_INTERFACES = (
+    (lambda x: Interface(x, shape=(4,), strides=(8,)), "InvalidArgument", "C-contiguous"),
+    (lambda x: Interface(x, data=(x.ptr, True)), "InvalidArgument", "writable"),
+    (lambda x: Interface(x, mask=object()), "Unsupported", "masked"),
+    (lambda x: Interface(x, typestr=">f4"), "InvalidArgument", "byte order"),
+    (lambda x: Interface(x, typestr="|V4"), "Unsupported", "raw bytes"),
+    (lambda x: Interface(x, stream=-1), "InvalidArgument", "stream"),
+)
+
+
+def declined_interfaces_raise(comm, x) -> list:
+    """Each of DECLINED_INTERFACES over x raises its typed error here; returns the words seen, in order."""
+    from gpucoll import errors
+
+    seen = []
+    for make, exc, what in DECLINED_INTERFACES:
+        with pytest.raises(getattr(errors, exc), match=what):
+            comm.all_reduce(make(x))
+        seen.append(what)
+    return seen
