@@ -101,6 +101,12 @@ const std::vector<ConfigVar>& config_vars() {
       {"GPUCOLL_EMU_P2P", VarType::kBool, "1",
        "Emulated device: whether distinct devices can map each other's memory (cudaDeviceCanAccessPeer, CUDA "
        "IPC between processes on different devices)."},
+      {"GPUCOLL_EMU_JITTER_US", VarType::kInt, "0",
+       "Emulated device: each stream operation starts after a delay of 0 to this many microseconds, drawn from "
+       "GPUCOLL_EMU_SEED, so that streams interleave differently from run to run and a missing dependency shows "
+       "(the GPU test suite sets it; 0: none)."},
+      {"GPUCOLL_EMU_SEED", VarType::kInt, "0",
+       "Emulated device: the seed of GPUCOLL_EMU_JITTER_US's delays. The same seed replays the same delays."},
       {"GPUCOLL_EMU_MEMORY", VarType::kBytes, "16G",
        "Emulated device: memory per device; cudaMalloc beyond it fails with cudaErrorMemoryAllocation. "
        "Allocations are host memory (shared, so CUDA IPC works)."},

@@ -35,6 +35,9 @@ void configure_from_registry() {
   const int64_t memory = config_bytes("GPUCOLL_EMU_MEMORY");
   GPUCOLL_CHECK_ARG(memory >= (int64_t{1} << 20), "GPUCOLL_EMU_MEMORY must be at least 1M; got ", memory);
   c.memory = static_cast<unsigned long long>(memory);
+  c.jitter_ns = static_cast<unsigned long long>(int_in("GPUCOLL_EMU_JITTER_US", 0, 1000000)) * 1000ull;
+  const int64_t seed = config_int("GPUCOLL_EMU_SEED");
+  c.seed = static_cast<unsigned long long>(seed);
   const cudaError_t err = gpucoll_emu_configure(&c);
   if (err == cudaErrorIllegalState) {
     GPUCOLL_THROW(ErrorCode::kInvalidUsage, "gpucoll_emu_configure",

@@ -148,6 +148,8 @@ void bind_runtime(py::module_& m) {
     d["compute_capability"] = std::to_string(c.cc_major) + "." + std::to_string(c.cc_minor);
     d["p2p"] = c.p2p != 0;
     d["memory"] = c.memory;
+    d["jitter_us"] = c.jitter_ns / 1000;
+    d["seed"] = c.seed;
     d["name"] = gpucoll_emu_device_name();
     return d;
   }, "The emulated CUDA device's shape (GPUCOLL_CUDA=emulate builds).");

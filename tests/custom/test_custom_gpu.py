@@ -424,20 +424,28 @@ def test_processes_graph_replays_and_ipc_handles_closed(P):
 
 def _streams_and_async(comm):
     """stream= orders a call after the caller's earlier work on that stream (an upload queued there, not yet done
-    when the call is made), and async_op=True returns a Work that completes with the result."""
+    when the call is made), and async_op=True returns a Work that completes with the result. Three trials: each
+    queues on s a 32 MiB copy, then x's fill; a call on any other stream reads x before the fill."""
     prov = gpu_arrays.provider("device_array")
     P, r, n = comm.world_size, comm.rank, 70001  # several pieces on the emulated device's 64 KiB halves
     s = _C.CudaStream(0)
     inputs = inputs_for("int32", "sum", n, P, seed=6)
-    x = prov.empty(n, "int32")
-    out = Output(prov, n, "int32", 0, 0)
     host = np.ascontiguousarray(inputs[r])
-    _C.cuda_copy(x.ptr, host.ctypes.data, host.nbytes, 0, s.handle)  # queued on s: the call must wait for it
-    work = comm.all_reduce(x, out.view, algo="twoshot", stream=s.handle, async_op=True)
-    work.synchronize()
-    done = work.is_completed()
-    bad = out.check(*reference_bytes(inputs, "int32", "sum"))
-    return done, bad
+    pad_src, pad_dst = prov.empty(8 << 20, "float32"), prov.empty(8 << 20, "float32")
+    done, bad = [], []
+    for trial in range(3):
+        x = prov.empty(n, "int32")
+        out = Output(prov, n, "int32", 0, 0)
+        _C.cuda_copy(pad_dst.ptr, pad_src.ptr, pad_src.nbytes, 0, s.handle)
+        _C.cuda_copy(x.ptr, host.ctypes.data, host.nbytes, 0, s.handle)
+        work = comm.all_reduce(x, out.view, algo="twoshot", stream=s.handle, async_op=True)
+        work.synchronize()
+        done.append(work.is_completed())
+        why = out.check(*reference_bytes(inputs, "int32", "sum"))
+        if why:
+            bad.append(f"trial {trial}: {why}")
+        s.synchronize()
+    return all(done), bad or None
 
 
 def test_processes_stream_order_and_async_work(monkeypatch):

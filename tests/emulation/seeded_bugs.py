@@ -6,14 +6,25 @@ the harness reports wrong elements or a timeout, or (for the ordering bugs) Thre
     python tests/emulation/seeded_bugs.py            # every mutation (about 10 minutes on 2 cores)
     python tests/emulation/seeded_bugs.py --list
     python tests/emulation/seeded_bugs.py two_shot_barrier_1_deleted block_slice_one_short
+    python tests/emulation/seeded_bugs.py --runs 10 custom_drops_stream_dependency   # a catch rate
 
-Exit status 0 when every chosen mutation was caught. tests/emulation/test_seeded_bugs.py runs two of them in CI
-(one per detector): deleting two_shot's barrier(s, 1) and making a block's slice one element short.
+The suite's mutations (detector "suite") break the Python layer instead, where a dropped stream dependency lives: a
+copy of the installed gpucoll package (its built extension included) is mutated and put first on PYTHONPATH, and the
+GPU tests named run against it on the emulated device, each run with another GPUCOLL_EMU_SEED (the emulator's
+stream jitter, on in the GPU suite); the mutation counts as caught in a run when a named test fails. --runs N
+reports how many of N runs caught it.
+
+Exit status 0 when every chosen mutation was caught (in every run). tests/emulation/test_seeded_bugs.py runs three of
+them in CI (one per detector): deleting two_shot's barrier(s, 1), making a block's slice one element short, and the
+custom backend dropping the dependency on the caller's stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +44,11 @@ class Mutation:
     args: tuple = ()
     why: str = ""
 
+
+ROOT = Path(__file__).resolve().parents[2]
+# The stream-order tests the suite's mutations must fail (pytest node ids under the repository).
+_CUSTOM_STREAM_TEST = "tests/custom/test_custom_gpu.py::test_processes_stream_order_and_async_work"
+_NCCL_STREAM_TEST = "tests/nccl/test_nccl_gpu.py::test_collectives[ws2-stream-device_array]"
 
 MUTATIONS = (
     Mutation("block_slice_one_short", "backends/custom/slices.h",
@@ -76,9 +92,61 @@ MUTATIONS = (
              "    const uint32_t done = atomicAdd(&s.self->blocks_done, 1u);",
              "tsan", ("--ranks=2", "--tsan", "--algos=oneshot"),
              "the race ThreadSanitizer found in end_call (fixed): the last block's stores race other blocks"),
+    # The suite's (path under the repository; args: the tests that must fail).
+    Mutation("custom_drops_stream_dependency", "gpucoll/backends/custom.py",
+             "        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)",
+             "        s = _cuda_buffers.op_stream(self.device, None, src, dst if dst is not src else None)",
+             "suite", (_CUSTOM_STREAM_TEST,),
+             "the custom kernels ignore stream=: they run before the caller's fill queued there"),
+    Mutation("nccl_drops_stream_dependency", "gpucoll/backends/nccl.py",
+             "        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)",
+             "        s = _cuda_buffers.op_stream(self.device, None, src, dst if dst is not src else None)",
+             "suite", (_NCCL_STREAM_TEST,),
+             "the nccl backend ignores stream=: NCCL runs before the caller's fill queued there"),
 )
 
 BY_NAME = {m.name: m for m in MUTATIONS}
+
+
+def suite_catches(m: Mutation, runs: int = 1, seed0: int = 1) -> tuple[int, str]:
+    """A suite mutation against the installed package (an emulated build): (runs that caught it, what was seen)."""
+    import gpucoll  # the installed package, its extension built
+    from gpucoll._native import _C
+
+    if not _C.build_info().get("cuda_emulated"):
+        raise RuntimeError("the suite's mutations run on the emulated device: install with GPUCOLL_CUDA=emulate")
+    src = Path(gpucoll.__file__).resolve().parent
+    with tempfile.TemporaryDirectory(prefix="gpucoll-suite-") as tmp:
+        pkg = Path(tmp) / "gpucoll"
+        shutil.copytree(src, pkg, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        target = Path(tmp) / m.path
+        text = target.read_text()
+        if text.count(m.old) != 1:
+            raise RuntimeError(f"{m.name}: the line to mutate is not in {m.path} exactly once")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH")) if p),
+                   PYTHONDONTWRITEBYTECODE="1")
+        # Run from the copy's folder: `python -m`/`-c` put the working folder first on sys.path, ahead of PYTHONPATH.
+        where = subprocess.run([sys.executable, "-c", "import gpucoll; print(gpucoll.__file__)"], cwd=tmp, env=env,
+                               capture_output=True, text=True, timeout=120, check=False).stdout.strip()
+        if not where.startswith(str(pkg)):  # else the run would test the unmutated package and "miss"
+            raise RuntimeError(f"{m.name}: the mutated copy is not what imports first (gpucoll from {where!r})")
+        def run_tests(seed: int):
+            env["GPUCOLL_EMU_SEED"] = str(seed)
+            res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                                  *(str(ROOT / t) for t in m.args)], cwd=tmp, env=env, capture_output=True, text=True,
+                                 timeout=900, check=False)
+            summary = (res.stdout.strip().splitlines() or [""])[-1]
+            return res.returncode == 1 and " failed" in summary, summary or (res.stderr.strip().splitlines() or [""])[-1]
+
+        failed, summary = run_tests(seed0)  # the control: the copy, not yet mutated, passes
+        if failed or " passed" not in summary:
+            raise RuntimeError(f"{m.name}: the tests do not pass on the unmutated copy ({summary})")
+        target.write_text(text.replace(m.old, m.new))
+        caught_in, last = 0, ""
+        for run in range(runs):
+            failed, last = run_tests(seed0 + run)
+            caught_in += failed
+        return caught_in, f"{caught_in} of {runs} run(s) failed the tests; last: {last}"
 
 
 def caught(m: Mutation, tree: native_build.Tree) -> tuple[bool, str]:
@@ -100,6 +168,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", help="mutations to run (default: all)")
     p.add_argument("--list", action="store_true")
+    p.add_argument("--runs", type=int, default=1, help="runs of each suite mutation (another jitter seed each)")
     args = p.parse_args(argv)
     if args.list:
         for m in MUTATIONS:
@@ -110,6 +179,14 @@ def main(argv=None) -> int:
     missed = []
     with tempfile.TemporaryDirectory(prefix="gpucoll-seeded-") as tmp:
         for m in chosen:
+            if m.detector == "suite":
+                t0 = time.time()
+                n, seen = suite_catches(m, args.runs)
+                ok = n == args.runs
+                print(f"{'caught' if ok else 'MISSED'}  {m.name:32} {seen}  ({time.time() - t0:.0f} s)", flush=True)
+                if not ok:
+                    missed.append(m.name)
+                continue
             if m.detector not in trees:
                 trees[m.detector] = native_build.Tree(Path(tmp) / m.detector, tsan=m.detector == "tsan")
                 trees[m.detector].build()  # the unmutated build, shared by every mutation on this tree

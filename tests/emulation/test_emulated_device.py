@@ -155,3 +155,33 @@ def test_bad_shape_is_refused_at_import():
     res = run_python("import gpucoll._C", GPUCOLL_EMU_COMPUTE_CAPABILITY="nine")
     assert res.returncode != 0 and "GPUCOLL_EMU_COMPUTE_CAPABILITY must be major.minor" in res.stderr
 
+
+
+def test_stream_jitter_delays_each_operation_by_its_seed():
+    """GPUCOLL_EMU_JITTER_US: each stream operation starts after a delay drawn from GPUCOLL_EMU_SEED (the suite turns
+    it on; tests/conftest.py); 0 turns it off, and a value out of range is refused naming the variable."""
+    code = """
+        import time
+        import numpy as np
+        from gpucoll import _C
+        from gpucoll.testing import DeviceArray
+        x, y = DeviceArray.from_host(np.zeros(4, np.float32)), DeviceArray.from_host(np.ones(4, np.float32))
+        s = _C.CudaStream(0)
+        t0 = time.perf_counter()
+        for _ in range(40):
+            _C.cuda_copy(x.ptr, y.ptr, 16, 0, s.handle)
+        s.synchronize()
+        c = _C.emulator_config()
+        print("took", time.perf_counter() - t0, c["jitter_us"], c["seed"], x.to_host().tolist())
+    """
+    times = {}
+    for jitter in (0, 5000):
+        res = run_python(code, GPUCOLL_EMU_JITTER_US=jitter, GPUCOLL_EMU_SEED=11)
+        assert res.returncode == 0, res.stdout + res.stderr
+        took, us, seed, data = res.stdout.split(" ", 4)[1:]
+        assert (int(us), int(seed), data.strip()) == (jitter, 11, "[1.0, 1.0, 1.0, 1.0]"), res.stdout
+        times[jitter] = float(took)
+    # 40 delays drawn uniformly from 0-5 ms: about 100 ms; below 20 ms only if the draws were not made at all.
+    assert times[5000] > 0.02 and times[5000] > 3 * times[0], times
+    bad = run_python("from gpucoll._native import _C; _C.build_info()", GPUCOLL_EMU_JITTER_US=-1)
+    assert bad.returncode != 0 and "GPUCOLL_EMU_JITTER_US" in bad.stderr, bad.stderr[-2000:]

@@ -1,12 +1,14 @@
-"""The emulated tests can fail: deliberate one-line breaks of the custom kernels must be caught (seeded_bugs.py has
-ten, from slice arithmetic to memory ordering; ``python tests/emulation/seeded_bugs.py`` runs them all). CI runs one
-per detector, the two the issue names: a slice one element short (wrong elements: the harness's sentinel and
-distinct values per element) and a deleted barrier(s, 1) (a data race: ThreadSanitizer)."""
+"""The emulated tests can fail: deliberate one-line breaks must be caught (seeded_bugs.py has ten in the custom
+kernels, from slice arithmetic to memory ordering, and two in the backends' Python; ``python
+tests/emulation/seeded_bugs.py`` runs them all). CI runs one per detector: a slice one element short (wrong
+elements: the harness's sentinel and distinct values per element), a deleted barrier(s, 1) (a data race:
+ThreadSanitizer), and the custom backend dropping its dependency on the caller's stream (the GPU suite's own
+stream-order test, against a mutated copy of the package)."""
 
 from __future__ import annotations
 
 import pytest
-from seeded_bugs import BY_NAME, caught
+from seeded_bugs import BY_NAME, caught, suite_catches
 
 pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
@@ -19,3 +21,11 @@ def test_a_slice_one_element_short_is_caught(plain_tree):
 def test_a_deleted_barrier_is_caught(tsan_tree):
     ok, seen = caught(BY_NAME["two_shot_barrier_1_deleted"], tsan_tree)
     assert ok, f"the harness passed two-shot without its barrier(s, 1) ({seen})"
+
+
+@pytest.mark.spawns
+def test_a_dropped_stream_dependency_is_caught():
+    """The custom backend ignoring stream= (the class issue 30 found caught 7 times in 19): its stream-order test,
+    which queues 32 MiB on the caller's stream ahead of the input's fill, must fail, and pass unmutated."""
+    n, seen = suite_catches(BY_NAME["custom_drops_stream_dependency"], runs=1)
+    assert n == 1, f"the suite passed the custom backend ignoring stream= ({seen})"

@@ -135,6 +135,7 @@ struct Stream {
   bool blocking = true;   // synchronises with the legacy default stream
   bool legacy = false;    // the legacy default stream of `device`
   bool destroyed = false;
+  uint64_t number = 0;    // the how-manieth stream of the process (seeds its jitter)
   uint64_t enqueued = 0;  // sequence number of the last operation queued
   uint64_t completed = 0; // sequence number of the last operation finished (operations finish in order)
   struct Op {

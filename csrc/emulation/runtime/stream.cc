@@ -13,6 +13,7 @@
 // complete once its stream completed it; cudaStreamWaitEvent queues an empty operation depending on it (the wait
 // takes the event's state at call time, as in CUDA). Timing events carry the completion time of their record.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -22,12 +23,31 @@ namespace gpucoll_emu {
 namespace {
 
 thread_local std::vector<Stream*> t_per_thread;
+uint64_t g_streams = 0;  // streams made so far (under state().mu)
+
+// splitmix64: a well-mixed 64-bit value of `x`, for the jitter's draws.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The jitter of operation `seq` of `s` (api.h): a function of the seed and the two numbers only, so a seed
+// replays the same delays wherever the same streams are made in the same order.
+void jitter(const Stream* s, uint64_t seq) {
+  const uint64_t span = config().jitter_ns;
+  if (span == 0) return;
+  const uint64_t ns = mix(config().seed ^ mix(s->number * 0x100000001B3ull + seq)) % (span + 1);
+  if (ns != 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+}
 
 Stream* new_stream(int device, bool blocking, bool legacy) {
   auto* s = new Stream();  // never freed: operations of other streams may name it in their dependencies
   s->device = device;
   s->blocking = blocking;
   s->legacy = legacy;
+  s->number = ++g_streams;
   state().all.push_back(s);
   return s;
 }
@@ -53,7 +73,9 @@ void worker_main(Stream* s) {
     st.cv.wait(lock, [&] { return (!s->queue.empty() && deps_done(s->queue.front())) || (s->queue.empty() && s->destroyed); });
     if (s->queue.empty()) break;
     const Work work = s->queue.front().work;
+    const uint64_t seq = s->queue.front().seq;
     lock.unlock();
+    jitter(s, seq);
     run_work(work);
     lock.lock();
     Stream::Op& op = s->queue.front();

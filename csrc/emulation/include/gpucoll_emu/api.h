@@ -20,9 +20,14 @@ struct gpucoll_emu_config {
   int cc_major, cc_minor;    // compute capability
   int p2p;                   // whether distinct devices can map each other's memory (IPC, cudaDeviceCanAccessPeer)
   unsigned long long memory; // bytes per device (cudaMalloc beyond it fails with cudaErrorMemoryAllocation)
+  // Stream jitter: each stream operation (kernel, copy, fill, host function, event record, wait) starts after a
+  // delay of 0 to jitter_ns drawn from `seed`, the stream's creation number and the operation's, so that work on
+  // different streams interleaves differently from run to run, as on a GPU, and a missing dependency shows. 0: none.
+  unsigned long long jitter_ns;
+  unsigned long long seed;
 };
 
-// The defaults (1 device, 8 SMs x 2 blocks, sm_90, P2P, 16 GiB).
+// The defaults (1 device, 8 SMs x 2 blocks, sm_90, P2P, 16 GiB, no jitter).
 GPUCOLL_EMU_API void gpucoll_emu_default_config(struct gpucoll_emu_config* out);
 // Applies `c`. cudaErrorInvalidValue for a nonsensical shape; cudaErrorIllegalState once the device was used
 // (the first CUDA call fixes the shape for the life of the process).
