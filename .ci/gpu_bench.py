@@ -97,7 +97,16 @@ def _custom_processes_fn(comm, sizes, iters):
         for _ in range(iters):
             comm.all_reduce(x, y)
         y.to_host()  # cudaMemcpy on the legacy stream: waits for the kernels (DeviceArray's rule)
-        out[size] = {"us": (time.perf_counter() - t0) / iters * 1e6, "ok": ok}
+        us = (time.perf_counter() - t0) / iters * 1e6
+        # In place, sync, algo auto: the one native call (CustomComm.all_reduce_array); max keeps the values fixed.
+        z = DeviceArray.from_host(np.full(n, comm.rank + 1, np.float32))
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            comm.all_reduce(z, op="max")
+        got = z.to_host()
+        out[size] = {"us": us, "in_place_us": (time.perf_counter() - t0) / iters * 1e6,
+                     "ok": ok and bool((got == float(comm.world_size)).all())}
     return out
 
 
@@ -255,6 +264,8 @@ def main() -> None:
         if not a.emulated and per_rank:
             fig["processes_us"] = {str(s): round(max(res[str(s)]["us"] for res in per_rank), 2)
                                    for s in procs["sizes"]}
+            fig["processes_in_place_us"] = {str(s): round(max(res[str(s)]["in_place_us"] for res in per_rank), 2)
+                                            for s in procs["sizes"]}
     figures["small_messages"] = fig
 
     rows, why = _bench(["-b", "1M" if a.emulated else "64M", "-e", "1M" if a.emulated else "64M", "--nranks", "2",
