@@ -47,14 +47,18 @@ from helpers import MISSING, missing_reason  # tests/support had to be put on sy
 # the caller set it, with a fresh seed per session, named in the header (GPUCOLL_EMU_SEED=<seed> replays a run). Set
 # here, before anything imports gpucoll, so every process of the session (xdist workers, ranks) has the same values.
 # 50 us cost 3% of the emulated custom and one-call tests' time (257 s against 248 s, 2026-11-28).
+# The same seed draws the first thread of each turn of a block's threads (GPUCOLL_EMU_SHUFFLE_THREADS), so that a
+# missing __syncthreads fails the functional tests, not only ThreadSanitizer's.
 JITTER_DEFAULT_US = "50"
 os.environ.setdefault("GPUCOLL_EMU_JITTER_US", JITTER_DEFAULT_US)
+os.environ.setdefault("GPUCOLL_EMU_SHUFFLE_THREADS", "1")
 os.environ.setdefault("GPUCOLL_EMU_SEED", str(int.from_bytes(os.urandom(4), "little")))
 
 
 def pytest_report_header(config):
     return (f"emulated device (GPUCOLL_CUDA=emulate builds): stream jitter up to {os.environ['GPUCOLL_EMU_JITTER_US']}"
-            f" us, GPUCOLL_EMU_SEED={os.environ['GPUCOLL_EMU_SEED']} (set it to replay this run's delays)")
+            f" us, thread order {'seeded' if os.environ['GPUCOLL_EMU_SHUFFLE_THREADS'] not in ('0', '') else 'index'},"
+            f" GPUCOLL_EMU_SEED={os.environ['GPUCOLL_EMU_SEED']} (set it to replay this run)")
 
 # -- the spawns marker, enforced ----------------------------------------------------------------------------------
 # Processes this pytest process has started: Python interpreters, launchers and shells through subprocess (gpucoll's

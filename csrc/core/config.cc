@@ -107,6 +107,9 @@ const std::vector<ConfigVar>& config_vars() {
        "(the GPU test suite sets it; 0: none)."},
       {"GPUCOLL_EMU_SEED", VarType::kInt, "0",
        "Emulated device: the seed of GPUCOLL_EMU_JITTER_US's delays. The same seed replays the same delays."},
+      {"GPUCOLL_EMU_SHUFFLE_THREADS", VarType::kBool, "0",
+       "Emulated device: start each turn of a block's threads at a thread drawn from GPUCOLL_EMU_SEED instead of "
+       "thread 0, so that a missing __syncthreads shows as a read before the write (the GPU test suite sets it)."},
       {"GPUCOLL_EMU_MEMORY", VarType::kBytes, "16G",
        "Emulated device: memory per device; cudaMalloc beyond it fails with cudaErrorMemoryAllocation. "
        "Allocations are host memory (shared, so CUDA IPC works)."},

@@ -38,6 +38,7 @@ void configure_from_registry() {
   c.jitter_ns = static_cast<unsigned long long>(int_in("GPUCOLL_EMU_JITTER_US", 0, 1000000)) * 1000ull;
   const int64_t seed = config_int("GPUCOLL_EMU_SEED");
   c.seed = static_cast<unsigned long long>(seed);
+  c.shuffle_threads = config_bool("GPUCOLL_EMU_SHUFFLE_THREADS") ? 1 : 0;
   const cudaError_t err = gpucoll_emu_configure(&c);
   if (err == cudaErrorIllegalState) {
     GPUCOLL_THROW(ErrorCode::kInvalidUsage, "gpucoll_emu_configure",

@@ -92,6 +92,14 @@ MUTATIONS = (
              "    const uint32_t done = atomicAdd(&s.self->blocks_done, 1u);",
              "tsan", ("--ranks=2", "--tsan", "--algos=oneshot"),
              "the race ThreadSanitizer found in end_call (fixed): the last block's stores race other blocks"),
+    Mutation("begin_call_barrier_deleted", "backends/custom/kernels/peer_sync.cuh",
+             "    if (recording && !a.continuation && blockIdx.x == 0) open_record(rec, a.sig.seq + 1, a.nranks);\n"
+             "  }\n  __syncthreads();\n",
+             "    if (recording && !a.continuation && blockIdx.x == 0) open_record(rec, a.sig.seq + 1, a.nranks);\n"
+             "  }\n",
+             "data", ("--ranks=2", "--quick", "--algos=oneshot", "--shuffle=7"),
+             "the block reads thread 0's shared `calls` and `skip` before thread 0 wrote them (a missing __syncthreads; "
+             "in index order thread 0 always runs first and hides it)"),
     # The suite's (path under the repository; args: the tests that must fail).
     Mutation("custom_drops_stream_dependency", "gpucoll/backends/custom.py",
              "        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)",

@@ -29,3 +29,10 @@ def test_a_dropped_stream_dependency_is_caught():
     which queues 32 MiB on the caller's stream ahead of the input's fill, must fail, and pass unmutated."""
     n, seen = suite_catches(BY_NAME["custom_drops_stream_dependency"], runs=1)
     assert n == 1, f"the suite passed the custom backend ignoring stream= ({seen})"
+
+
+def test_a_missing_syncthreads_is_caught_by_the_seeded_thread_order(plain_tree):
+    """begin_call without the __syncthreads after thread 0's writes to shared memory: in index order thread 0 always
+    runs first and the harness passes it (seen 2026-11-28); with the seeded thread order it reads them unwritten."""
+    ok, seen = caught(BY_NAME["begin_call_barrier_deleted"], plain_tree)
+    assert ok, f"the harness passed begin_call without its __syncthreads ({seen})"

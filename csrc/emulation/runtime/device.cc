@@ -18,7 +18,7 @@ constexpr int kVersion = 13000;  // the CUDA API level the emulator follows (dri
 constexpr const char* kName = "gpucoll emulated CUDA device (CPU; not a GPU)";
 
 std::mutex g_config_mu;
-gpucoll_emu_config g_config = {1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0};
+gpucoll_emu_config g_config = {1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0, 0};
 std::atomic<bool> g_used{false};
 std::atomic<bool> g_forked{false};
 std::atomic<bool> g_touched[kMaxDevices];
@@ -34,7 +34,7 @@ void on_fork_child() {
 bool valid_config(const gpucoll_emu_config& c) {
   return c.devices >= 1 && c.devices <= kMaxDevices && c.sms >= 1 && c.sms <= 1024 && c.blocks_per_sm >= 1 &&
          c.blocks_per_sm <= 32 && c.cc_major >= 1 && c.cc_minor >= 0 && c.memory > 0 &&
-         c.jitter_ns <= 1000000000ull;
+         c.jitter_ns <= 1000000000ull && c.shuffle_threads <= 1;
 }
 
 }  // namespace
@@ -141,7 +141,7 @@ using namespace gpucoll_emu;
 extern "C" {
 
 void gpucoll_emu_default_config(gpucoll_emu_config* out) {
-  if (out != nullptr) *out = gpucoll_emu_config{1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0};
+  if (out != nullptr) *out = gpucoll_emu_config{1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0, 0};
 }
 
 cudaError_t gpucoll_emu_configure(const gpucoll_emu_config* c) {

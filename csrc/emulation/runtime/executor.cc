@@ -138,9 +138,22 @@ void release_barrier_if_complete(Block* b) {
   }
 }
 
+// splitmix64, for the seeded thread order.
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 void run_block(const Kernel& k, uint64_t index) {
   static thread_local Block* block = new Block();  // per slot thread, never freed: stacks are reused
+  static thread_local uint64_t blocks_run = 0;      // this slot's dispatches (the thread order's draws)
   Block* b = block;
+  // Seeded thread order: each turn starts at a drawn thread and goes round; index order otherwise.
+  const bool shuffle = config().shuffle_threads != 0;
+  const uint64_t draws = shuffle ? mix64(config().seed ^ mix64((index << 20) ^ ++blocks_run)) : 0;
+  uint64_t turn = 0;
   const uint64_t nx = k.grid.x, nxy = nx * k.grid.y;
   blockIdx = uint3{static_cast<unsigned>(index % nx), static_cast<unsigned>((index / nx) % k.grid.y),
                    static_cast<unsigned>(index / nxy)};
@@ -166,7 +179,9 @@ void run_block(const Kernel& k, uint64_t index) {
     bool progress = false;
     const void* wait_addr = nullptr;
     uint64_t wait_value = 0;
-    for (int i = 0; i < n; ++i) {
+    const int first = shuffle ? static_cast<int>(mix64(draws + turn++) % static_cast<uint64_t>(n)) : 0;
+    for (int step = 0; step < n; ++step) {
+      const int i = first + step < n ? first + step : first + step - n;
       Fiber& f = b->fibers[i];
       if (f.state == Fiber::State::kDone) continue;
       if (f.state == Fiber::State::kBarrier && f.barrier_gen == b->gen) continue;

@@ -270,6 +270,9 @@ int main(int argc, char** argv) {
       tsan = true;
     } else if (a == "--missing-peer") {
       missing_peer = true;
+    } else if (a.rfind("--shuffle=", 0) == 0) {  // seeded thread order (GPUCOLL_EMU_SHUFFLE_THREADS), this seed
+      cfg.shuffle_threads = 1;
+      cfg.seed = std::strtoull(a.c_str() + 10, nullptr, 10);
     } else if (a.rfind("--sms=", 0) == 0) {
       cfg.sms = std::atoi(a.c_str() + 6);
     } else if (a.rfind("--bps=", 0) == 0) {

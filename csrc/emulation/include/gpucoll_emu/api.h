@@ -25,6 +25,10 @@ struct gpucoll_emu_config {
   // different streams interleaves differently from run to run, as on a GPU, and a missing dependency shows. 0: none.
   unsigned long long jitter_ns;
   unsigned long long seed;
+  // Thread order: 0 runs a block's threads in index order at every turn (thread 0 first); 1 starts each turn at a
+  // thread drawn from `seed` and the block's dispatch, so code that needs a __syncthreads it lacks reads before the
+  // write it depends on.
+  unsigned long long shuffle_threads;
 };
 
 // The defaults (1 device, 8 SMs x 2 blocks, sm_90, P2P, 16 GiB, no jitter).
