@@ -37,7 +37,12 @@ for backend, cpu in (("gpucoll", "NoneType"), ("cpu:gloo,cuda:gpucoll", "Process
     assert type(pg).__name__ == "ProcessGroupGpucoll" and type(pg._cpu_backend).__name__ == cpu, (backend, pg)
     dist.destroy_process_group()
 assert loaded == ["gpucoll", "gpucoll._timeout", "gpucoll._torch_plugin", "gpucoll._version", "gpucoll.errors"], loaded
-print("OK")
+print("OK", flush=True)
+# Leave without the interpreter's teardown: this checks how torch finds the backend, and twice (CI, 2026-11-27 and
+# 2026-11-28) the teardown after "OK" aborted ("terminate called without an active exception", a std::thread left
+# joinable in some static destructor: gpucoll's C++ has none; not reproduced in 130 runs here, cause unknown, open).
+import os
+os._exit(0)
 """
 
 
