@@ -208,18 +208,17 @@ void bind_cuda(py::module_& m) {
               if (!PyUnicode_Check(hit)) return py::bool_(false);
               algo = py::cast<std::string>(hit);
             }
-            std::string declined;
+            bool ran = false;  // elsewhere than this GPU, or declined by the kernels: the general path decides
             {
               py::gil_scoped_release release;
               const cuda::PointerInfo where = cuda::pointer_info(reinterpret_cast<const void*>(v.ptr));
-              if (!where.device_memory || where.device != c.device()) {
-                declined = "placement";
-              } else {
-                declined = c.run_all_reduce(reinterpret_cast<const void*>(v.ptr), reinterpret_cast<void*>(v.ptr),
-                                            v.count, v.dtype, op, false, algo, as_stream(v.stream));
+              if (where.device_memory && where.device == c.device()) {
+                ran = c.run_all_reduce(reinterpret_cast<const void*>(v.ptr), reinterpret_cast<void*>(v.ptr), v.count,
+                                       v.dtype, op, false, algo, as_stream(v.stream))
+                          .empty();
               }
             }
-            return py::bool_(declined.empty());
+            return py::bool_(ran);
           },
           py::arg("x"), py::arg("op"), py::arg("choices"))
       .def("set_placement", &CustomComm::set_placement, py::arg("hosts"), py::arg("p2p"),

@@ -236,7 +236,7 @@ class CustomBackend:
             self.stats["custom"] += 1
         return done
 
-    def nccl_all_reduce_array(self, x, redop, choices) -> bool:
+    def nccl_all_reduce_array(self, x, redop) -> bool:
         """The selector gave this all_reduce to NCCL (its reason logged when the table was filled): the fallback's
         one-call path (NcclBackend.all_reduce_array)."""
         if self._nccl is None or self._closed:
@@ -427,7 +427,7 @@ class Custom(Backend):
             if not self._fill(choices, done):
                 return False
         if done == "nccl":
-            return self.impl.nccl_all_reduce_array(x, redop, choices)
+            return self.impl.nccl_all_reduce_array(x, redop)
         return done is True
 
     def _fill(self, choices: dict, key: int) -> bool:

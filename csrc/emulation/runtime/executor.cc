@@ -138,14 +138,6 @@ void release_barrier_if_complete(Block* b) {
   }
 }
 
-// splitmix64, for the seeded thread order.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 void run_block(const Kernel& k, uint64_t index) {
   static thread_local Block* block = new Block();  // per slot thread, never freed: stacks are reused
   static thread_local uint64_t blocks_run = 0;      // this slot's dispatches (the thread order's draws)

@@ -52,6 +52,15 @@ bool in_host_function();
 void set_in_host_function(bool on);
 uint64_t now_ns();
 
+// splitmix64: a well-mixed 64-bit value of `x`, for the seeded draws (stream jitter, thread order) that a
+// GPUCOLL_EMU_SEED replays.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // ---- memory.cc ---------------------------------------------------------------------------------------------------
 struct Range {
   uintptr_t base = 0;

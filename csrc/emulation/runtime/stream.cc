@@ -25,20 +25,12 @@ namespace {
 thread_local std::vector<Stream*> t_per_thread;
 uint64_t g_streams = 0;  // streams made so far (under state().mu)
 
-// splitmix64: a well-mixed 64-bit value of `x`, for the jitter's draws.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // The jitter of operation `seq` of `s` (api.h): a function of the seed and the two numbers only, so a seed
 // replays the same delays wherever the same streams are made in the same order.
 void jitter(const Stream* s, uint64_t seq) {
   const uint64_t span = config().jitter_ns;
   if (span == 0) return;
-  const uint64_t ns = mix(config().seed ^ mix(s->number * 0x100000001B3ull + seq)) % (span + 1);
+  const uint64_t ns = mix64(config().seed ^ mix64(s->number * 0x100000001B3ull + seq)) % (span + 1);
   if (ns != 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
 }
 
