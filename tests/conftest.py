@@ -55,6 +55,20 @@ os.environ.setdefault("GPUCOLL_EMU_SHUFFLE_THREADS", "1")
 os.environ.setdefault("GPUCOLL_EMU_SEED", str(int.from_bytes(os.urandom(4), "little")))
 
 
+# The host fence (GPUCOLL_EMU_HOST_FENCE: device memory closed to the process while the device is idle, so that host
+# code touching it segfaults as on a GPU) costs an mprotect over every mapped page at each idle/busy transition: the
+# whole emulated suite took 667 s with it against 595 s without (2026-11-28). CI runs it on a sample, the ranks that
+# the NCCL and group tests spawn (the NCCL stand-in's bootstrap is where it found host code in device memory), and
+# --thorough everywhere. runtime_checks (tests/emulation/native) always has it.
+_HOST_FENCE_SAMPLE = ("nccl", "groups")
+
+
+@pytest.fixture(autouse=True)
+def _host_fence_sample(request, monkeypatch):
+    if Path(str(request.node.path)).parent.name in _HOST_FENCE_SAMPLE and "GPUCOLL_EMU_HOST_FENCE" not in os.environ:
+        monkeypatch.setenv("GPUCOLL_EMU_HOST_FENCE", "1")  # the ranks it spawns read it when they import gpucoll
+
+
 def pytest_report_header(config):
     return (f"emulated device (GPUCOLL_CUDA=emulate builds): stream jitter up to {os.environ['GPUCOLL_EMU_JITTER_US']}"
             f" us, thread order {'seeded' if os.environ['GPUCOLL_EMU_SHUFFLE_THREADS'] not in ('0', '') else 'index'},"
@@ -98,6 +112,10 @@ def pytest_addoption(parser):
     parser.addoption("--deadline", type=float, default=None, metavar="EPOCH",
                      help="skip every test that would start after this time (seconds since the epoch), with a "
                           "reason saying so: how .ci/gpu keeps a step inside its share of the budget")
+    parser.addoption("--thorough", action="store_true",
+                     help="run the emulator's costly modes in full instead of CI's sample (ThreadSanitizer at every "
+                          "P up to 8 on every dtype; seeded bugs over 10 seeds): the nightly-style target, "
+                          "docs/testing.md")
 
 
 def pytest_runtest_setup(item):
@@ -183,6 +201,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
+    if config.getoption("thorough"):
+        os.environ.setdefault("GPUCOLL_EMU_HOST_FENCE", "1")  # before xdist's workers or any rank import gpucoll
     config._gpucoll_missing_modules = []
     # Take the skips out of pytest's own short summary; pytest_terminal_summary prints them folded by reason.
     reporter = config.pluginmanager.get_plugin("terminalreporter")

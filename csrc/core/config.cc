@@ -92,11 +92,13 @@ const std::vector<ConfigVar>& config_vars() {
       // on several GPU shapes.
       {"GPUCOLL_EMU_DEVICES", VarType::kInt, "1", "Emulated device: how many devices (cudaGetDeviceCount)."},
       {"GPUCOLL_EMU_SMS", VarType::kInt, "8",
-       "Emulated device: multiprocessors per device. With GPUCOLL_EMU_BLOCKS_PER_SM it fixes how many blocks "
-       "can be resident at once (one OS thread each); a launch that finds no free slot waits, as on a GPU."},
+       "Emulated device: multiprocessors per device. Each holds as many blocks at once (one OS thread each) as "
+       "the occupancy model allows: the block's warps, its dynamic shared memory and the SM's block limit for the "
+       "compute capability, capped by GPUCOLL_EMU_BLOCKS_PER_SM; a block that fits nowhere waits, as on a GPU."},
       {"GPUCOLL_EMU_BLOCKS_PER_SM", VarType::kInt, "2",
-       "Emulated device: resident blocks per multiprocessor, for any kernel of up to 1024 threads (what "
-       "cudaOccupancyMaxActiveBlocksPerMultiprocessor answers)."},
+       "Emulated device: a cap on resident blocks per multiprocessor, below the occupancy model's answer (what "
+       "cudaOccupancyMaxActiveBlocksPerMultiprocessor gives; 32 leaves the model alone: 4 blocks of gpucoll's "
+       "512-thread kernels on sm_90). 2 keeps the emulated suite's grids small."},
       {"GPUCOLL_EMU_COMPUTE_CAPABILITY", VarType::kString, "9.0", "Emulated device: compute capability, e.g. 8.0."},
       {"GPUCOLL_EMU_P2P", VarType::kBool, "1",
        "Emulated device: whether distinct devices can map each other's memory (cudaDeviceCanAccessPeer, CUDA "
@@ -109,7 +111,12 @@ const std::vector<ConfigVar>& config_vars() {
        "Emulated device: the seed of GPUCOLL_EMU_JITTER_US's delays. The same seed replays the same delays."},
       {"GPUCOLL_EMU_SHUFFLE_THREADS", VarType::kBool, "0",
        "Emulated device: start each turn of a block's threads at a thread drawn from GPUCOLL_EMU_SEED instead of "
-       "thread 0, so that a missing __syncthreads shows as a read before the write (the GPU test suite sets it)."},
+       "thread 0, and give way to the block's other threads after a drawn number (1 to 16) of global accesses, so "
+       "that a missing __syncthreads shows as a read before the write (the GPU test suite sets it)."},
+      {"GPUCOLL_EMU_HOST_FENCE", VarType::kBool, "0",
+       "Emulated device: close device memory to the process while the device is idle, so that host code that "
+       "dereferences a device pointer segfaults as on a GPU (one mprotect per idle/busy transition; the GPU test "
+       "suite sets it for the NCCL and group tests, and everywhere with --thorough)."},
       {"GPUCOLL_EMU_MEMORY", VarType::kBytes, "16G",
        "Emulated device: memory per device; cudaMalloc beyond it fails with cudaErrorMemoryAllocation. "
        "Allocations are host memory (shared, so CUDA IPC works)."},

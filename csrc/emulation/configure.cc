@@ -39,6 +39,7 @@ void configure_from_registry() {
   const int64_t seed = config_int("GPUCOLL_EMU_SEED");
   c.seed = static_cast<unsigned long long>(seed);
   c.shuffle_threads = config_bool("GPUCOLL_EMU_SHUFFLE_THREADS") ? 1 : 0;
+  c.host_fence = config_bool("GPUCOLL_EMU_HOST_FENCE") ? 1 : 0;
   const cudaError_t err = gpucoll_emu_configure(&c);
   if (err == cudaErrorIllegalState) {
     GPUCOLL_THROW(ErrorCode::kInvalidUsage, "gpucoll_emu_configure",

@@ -151,6 +151,7 @@ void bind_runtime(py::module_& m) {
     d["jitter_us"] = c.jitter_ns / 1000;
     d["seed"] = c.seed;
     d["shuffle_threads"] = c.shuffle_threads != 0;
+    d["host_fence"] = c.host_fence != 0;
     d["name"] = gpucoll_emu_device_name();
     return d;
   }, "The emulated CUDA device's shape (GPUCOLL_CUDA=emulate builds).");

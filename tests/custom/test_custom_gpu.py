@@ -167,6 +167,26 @@ def test_virtual_large(vr, provider):
     assert not fails, helpers.format_failures(fails)
 
 
+@pytest.mark.slow
+def test_virtual_default_staging_size():
+    """The staging buffer at its default size (GPUCOLL_CUSTOM_BUFFER_BYTES) and a message of tens of MiB, misaligned:
+    full-size pieces, as a job sees them. The other emulated tests shrink the halves to 64 KiB to reach the same
+    paths cheaply; this one runs the shape a GPU runs, once, on every kernel."""
+    from gpucoll import testing
+    from gpucoll.backends import custom
+
+    prov = gpu_arrays.provider("device_array")
+    half = custom.half_bytes()
+    count = (half + half // 2) // 4 + 3  # float32: one full piece and a half
+    inputs = inputs_for("float32", "sum", count, 2)
+    fails = []
+    with testing.virtual_ranks(2, device=0, timeout=120.0) as v:
+        assert v.comms[0].half_bytes == half and count * 4 > half, (v.comms[0].half_bytes, half)
+        for algo in ALGOS:
+            fails += run_virtual(v, prov, algo, "float32", "sum", count, inputs, offsets=(1, 1))
+    assert not fails, helpers.format_failures(fails)
+
+
 @pytest.mark.parametrize("provider", gpu_arrays.provider_params())
 @pytest.mark.parametrize("algo", ("oneshot", "twoshot"))
 def test_virtual_registered(vr, provider, algo):

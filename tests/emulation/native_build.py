@@ -68,7 +68,10 @@ class Tree:
         self.build_dir = self.root / "build"
         self.tsan = tsan
         self._defines = None
-        self._dirty = True  # sources changed since the last build (or never built)
+        # The targets built from the sources as they are now: a mutation (or its undoing) empties it. Per target,
+        # because a build of one target leaves another's binary as it was (a runtime_checks build after a mutation
+        # was undone once left vranks_harness mutated for the next test on the tree).
+        self._fresh = set()
         if not self.src.exists():
             shutil.copytree(CSRC, self.src, ignore=shutil.ignore_patterns("python", "topo"))
 
@@ -87,10 +90,11 @@ class Tree:
                     args.append("-GNinja")
                 subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout)
                 self._defines = (defines, kernels)
+                self._fresh = set()
             jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")
             subprocess.run(["cmake", "--build", str(self.build_dir), "--parallel", jobs, "--target", *targets],
                            check=True, capture_output=True, text=True, timeout=timeout)
-            self._dirty = False
+            self._fresh.update(targets)
         except subprocess.CalledProcessError as e:
             raise BuildError(f"{' '.join(e.cmd[:4])}... failed:\n{e.stdout[-4000:]}\n{e.stderr[-4000:]}") from None
 
@@ -98,8 +102,8 @@ class Tree:
         return self.build_dir / name
 
     def run(self, *args, name: str = "vranks_harness", timeout: float = 900.0, env=None):
-        """Runs a program of the tree, rebuilding it first if a mutation was undone since the last build."""
-        if self._dirty:
+        """Runs a program of the tree, rebuilding it first if the sources changed since it was built."""
+        if name not in self._fresh:
             self.build((name,), *(self._defines or ("", self.ALL_KERNELS)))
         return run(self.exe(name), *args, timeout=timeout, env=env, prefix=no_aslr() if self.tsan else ())
 
@@ -111,12 +115,12 @@ class Tree:
         if text.count(old) != 1:
             raise ValueError(f"{path}: the text to mutate occurs {text.count(old)} times (expected once): {old!r}")
         f.write_text(text.replace(old, new))
-        self._dirty = True
+        self._fresh = set()
         try:
             yield
         finally:
             f.write_text(text)
-            self._dirty = True
+            self._fresh = set()
 
 
 def run(exe: Path, *args, timeout: float = 900.0, env=None, prefix=()) -> subprocess.CompletedProcess:

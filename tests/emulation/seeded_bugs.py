@@ -6,7 +6,7 @@ the harness reports wrong elements or a timeout, or (for the ordering bugs) Thre
     python tests/emulation/seeded_bugs.py            # every mutation (about 10 minutes on 2 cores)
     python tests/emulation/seeded_bugs.py --list
     python tests/emulation/seeded_bugs.py two_shot_barrier_1_deleted block_slice_one_short
-    python tests/emulation/seeded_bugs.py --runs 10 custom_drops_stream_dependency   # a catch rate
+    python tests/emulation/seeded_bugs.py --runs 10 custom_drops_stream_dependency   # a catch rate, 10 seeds
 
 The suite's mutations (detector "suite") break the Python layer instead, where a dropped stream dependency lives: a
 copy of the installed gpucoll package (its built extension included) is mutated and put first on PYTHONPATH, and the
@@ -100,6 +100,27 @@ MUTATIONS = (
              "data", ("--ranks=2", "--quick", "--algos=oneshot", "--shuffle=7"),
              "the block reads thread 0's shared `calls` and `skip` before thread 0 wrote them (a missing __syncthreads; "
              "in index order thread 0 always runs first and hides it)"),
+    # Memory faults (runtime/access.cc): the emulated device checks every global access of the kernels for bounds
+    # and alignment and turns a bad one into CUDA's sticky error, which the harness reports as a failed call.
+    Mutation("block_copy_tail_one_past", "backends/custom/kernels/peer_ops.cuh",
+             "    for (size_t i = split.head + split.packs * kElems + threadIdx.x; i < count; i += blockDim.x) {",
+             "    for (size_t i = split.head + split.packs * kElems + threadIdx.x; i <= count; i += blockDim.x) {",
+             "data", ("--ranks=2", "--quick", "--algos=twoshot"),
+             "a copy's scalar tail reads (and writes) one element past its slice: right values inside a buffer, "
+             "out of bounds at the end of the last slice"),
+    Mutation("block_copy_head_one_past", "backends/custom/kernels/peer_ops.cuh",
+             "    for (size_t i = threadIdx.x; i < split.head; i += blockDim.x) st_elem(dst + i, ld_cg(src + i));",
+             "    for (size_t i = threadIdx.x; i <= split.head; i += blockDim.x) st_elem(dst + i, ld_cg(src + i));",
+             "data", ("--ranks=2", "--algos=twoshot", "--dtypes=float32"),
+             "a copy's scalar head takes one element more: the body's first element again (same value, no harm) or, "
+             "when the whole range is scalar (misaligned input), one element past it: a read past the input's end "
+             "that leaves every output right"),
+    Mutation("pack_split_ignores_misalignment", "backends/custom/kernels/primitives.cuh",
+             "  const size_t head = ((kPackBytes - mis) % kPackBytes) / sizeof(T);",
+             "  const size_t head = 0;",
+             "data", ("--ranks=2", "--quick", "--algos=twoshot"),
+             "16-byte packs start at the range's first element, off their 16-byte boundary when a chunk begins "
+             "mid-pack (an x86 CPU loads them anyway)"),
     # The suite's (path under the repository; args: the tests that must fail).
     Mutation("custom_drops_stream_dependency", "gpucoll/backends/custom.py",
              "        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)",
@@ -157,26 +178,37 @@ def suite_catches(m: Mutation, runs: int = 1, seed0: int = 1) -> tuple[int, str]
         return caught_in, f"{caught_in} of {runs} run(s) failed the tests; last: {last}"
 
 
-def caught(m: Mutation, tree: native_build.Tree) -> tuple[bool, str]:
-    """Applies `m` to `tree`, rebuilds, runs; (caught, what was seen)."""
+def caught(m: Mutation, tree: native_build.Tree, seeds=()) -> tuple[bool, str]:
+    """Applies `m` to `tree`, rebuilds, runs (once per seed of the emulator's thread order when `seeds` are given:
+    --shuffle=SEED in place of the mutation's own); (caught in every run, what was seen)."""
     with tree.mutated(m.path, m.old, m.new):
         tree.build()
         extra = native_build.TSAN_DEVICE if m.detector == "tsan" else ()
-        res = tree.run(*m.args, *extra, env=native_build.TSAN_ENV if m.detector == "tsan" else None)
-    wrong = [line for line in res.stdout.splitlines() if line.startswith("FAIL")]
-    reports = native_build.tsan_reports(res)
-    if m.detector == "tsan":
-        seen = f"{reports} ThreadSanitizer report(s), {len(wrong)} wrong case(s)"
-        return reports > 0 or bool(wrong), seen
-    seen = f"{len(wrong)} wrong case(s), exit {res.returncode}" + (f"; first: {wrong[0]}" if wrong else "")
-    return res.returncode != 0 and bool(wrong), seen
+        env = native_build.TSAN_ENV if m.detector == "tsan" else None
+        base = [a for a in m.args if not (seeds and a.startswith("--shuffle="))]
+        runs = [tree.run(*base, f"--shuffle={s}", *extra, env=env) for s in seeds] or [tree.run(*m.args, *extra, env=env)]
+    hits, seen = 0, ""
+    for res in runs:
+        wrong = [line for line in res.stdout.splitlines() if line.startswith("FAIL")]
+        reports = native_build.tsan_reports(res)
+        if m.detector == "tsan":
+            hit, seen = reports > 0 or bool(wrong), f"{reports} ThreadSanitizer report(s), {len(wrong)} wrong case(s)"
+        else:
+            hit = res.returncode != 0 and bool(wrong)
+            seen = f"{len(wrong)} wrong case(s), exit {res.returncode}" + (f"; first: {wrong[0]}" if wrong else "")
+        hits += hit
+    if seeds:
+        seen = f"{hits} of {len(runs)} seed(s) caught it; last: {seen}"
+    return hits == len(runs), seen
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", help="mutations to run (default: all)")
     p.add_argument("--list", action="store_true")
-    p.add_argument("--runs", type=int, default=1, help="runs of each suite mutation (another jitter seed each)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="runs of each mutation, another seed each (the suite's: stream jitter and thread order; the "
+                        "harness's: thread order, --shuffle=1..N)")
     args = p.parse_args(argv)
     if args.list:
         for m in MUTATIONS:
@@ -199,7 +231,7 @@ def main(argv=None) -> int:
                 trees[m.detector] = native_build.Tree(Path(tmp) / m.detector, tsan=m.detector == "tsan")
                 trees[m.detector].build()  # the unmutated build, shared by every mutation on this tree
             t0 = time.time()
-            ok, seen = caught(m, trees[m.detector])
+            ok, seen = caught(m, trees[m.detector], range(1, args.runs + 1) if args.runs > 1 else ())
             print(f"{'caught' if ok else 'MISSED'}  {m.name:32} {seen}  ({time.time() - t0:.0f} s)", flush=True)
             if not ok:
                 missed.append(m.name)

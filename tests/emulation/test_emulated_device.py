@@ -99,6 +99,21 @@ def test_residency_limit_follows_the_device_shape():
             print("shape", vr.launch_shape("oneshot", 1 << 20))
     """, GPUCOLL_EMU_SMS=16, GPUCOLL_EMU_BLOCKS_PER_SM=4)
     assert res.returncode == 0 and "shape (8, 512)" in res.stdout, res.stdout + res.stderr
+    # No cap (sm_90's own 32 blocks per SM): the occupancy model alone says how many 512-thread blocks an SM holds,
+    # 2048 / 512 = 4 (the default cap of 2 would refuse a third rank), so 1 SM takes 4 ranks and refuses a fifth.
+    res = run_python("""
+        from gpucoll import testing
+        from gpucoll.errors import InvalidArgument
+        with testing.virtual_ranks(4) as vr:
+            print("shape", vr.launch_shape("oneshot", 1 << 20))
+        try:
+            testing.virtual_ranks(5)
+        except InvalidArgument as e:
+            print("refused", e)
+    """, GPUCOLL_EMU_SMS=1, GPUCOLL_EMU_BLOCKS_PER_SM=32)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "shape (1, 512)" in res.stdout, res.stdout
+    assert "refused 5 virtual ranks x 1 blocks = 5 blocks must all be resident" in res.stdout, res.stdout
     # (That blocks beyond the slots really wait, so that ranks over the limit would deadlock as on a GPU, is
     # checked natively: tests/emulation/native/runtime_checks.cc, residency_is_enforced.)
 

@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("shape", [(), ("--sms=3", "--blocks_per_sm=1")])
+# The default shape; one block per SM; and the cap at sm_90's own 32, where the occupancy model alone decides.
+@pytest.mark.parametrize("shape", [(), ("--sms=3", "--blocks_per_sm=1"), ("--sms=2", "--blocks_per_sm=32")])
 def test_runtime_checks(plain_tree, shape):
     res = plain_tree.run(*shape, name="runtime_checks", timeout=300)
     lines = res.stdout.splitlines()

@@ -45,6 +45,7 @@ enum cudaError {
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
+  cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotPermitted = 800,
   cudaErrorNotSupported = 801,

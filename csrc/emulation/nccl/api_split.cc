@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <gpucoll_emu/api.h>
+
 #include "nccl_emu.h"
 
 namespace ncclemu {
@@ -51,7 +53,12 @@ ncclResult_t exchange(Comm& p, const std::vector<int>& takers, RankInfo* mine, s
     }
     if (tasks.empty()) return ncclSuccess;
   }
-  return execute(p, tasks, error);
+  // NCCL's bootstrap goes over sockets; this one moves the records through the mailboxes in device memory, from
+  // this job's thread rather than a stream: it tells the emulator so, as device work would (region.cc).
+  gpucoll_emu_agent_begin();
+  const ncclResult_t r = execute(p, tasks, error);
+  gpucoll_emu_agent_end();
+  return r;
 }
 
 // The parent's part of a split or shrink. `takers`: the parent ranks that call (empty: all of them, a split).

@@ -18,7 +18,7 @@ constexpr int kVersion = 13000;  // the CUDA API level the emulator follows (dri
 constexpr const char* kName = "gpucoll emulated CUDA device (CPU; not a GPU)";
 
 std::mutex g_config_mu;
-gpucoll_emu_config g_config = {1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0, 0};
+gpucoll_emu_config g_config = {1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0, 0, 0};
 std::atomic<bool> g_used{false};
 std::atomic<bool> g_forked{false};
 std::atomic<bool> g_touched[kMaxDevices];
@@ -34,7 +34,8 @@ void on_fork_child() {
 bool valid_config(const gpucoll_emu_config& c) {
   return c.devices >= 1 && c.devices <= kMaxDevices && c.sms >= 1 && c.sms <= 1024 && c.blocks_per_sm >= 1 &&
          c.blocks_per_sm <= 32 && c.cc_major >= 1 && c.cc_minor >= 0 && c.memory > 0 &&
-         c.jitter_ns <= 1000000000ull && c.shuffle_threads <= 1;
+         c.jitter_ns <= 1000000000ull && c.shuffle_threads <= 1 &&
+         c.host_fence <= 1;
 }
 
 }  // namespace
@@ -55,7 +56,7 @@ cudaError_t check_init() {
   config();
   if (g_forked.load(std::memory_order_relaxed)) return cudaErrorInitializationError;
   if (t_in_host_fn) return cudaErrorNotPermitted;
-  return cudaSuccess;
+  return sticky();
 }
 
 bool valid_device(int device) { return device >= 0 && device < config().devices; }
@@ -141,7 +142,7 @@ using namespace gpucoll_emu;
 extern "C" {
 
 void gpucoll_emu_default_config(gpucoll_emu_config* out) {
-  if (out != nullptr) *out = gpucoll_emu_config{1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0, 0};
+  if (out != nullptr) *out = gpucoll_emu_config{1, 8, 2, 9, 0, 1, 16ull << 30, 0, 0, 0, 0};
 }
 
 cudaError_t gpucoll_emu_configure(const gpucoll_emu_config* c) {
@@ -231,9 +232,8 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
   gpucoll_emu_invoke_fn invoke;
   gpucoll_emu_free_fn destroy;
   if (!lookup_kernel(func, &pack, &invoke, &destroy)) return fail(cudaErrorInvalidDeviceFunction);
-  // The emulated SM holds blocks_per_sm blocks of any kernel of up to 1024 threads (the block scheduler has
-  // exactly sms x blocks_per_sm slots), so what this answers is what the executor will actually co-schedule.
-  *blocks = block_size > 1024 || shared_bytes > 48 * 1024 ? 0 : config().blocks_per_sm;
+  // The executor's own occupancy model, so that what this answers is what the block scheduler will co-schedule.
+  *blocks = shared_bytes > 48 * 1024 ? 0 : resident_blocks(block_size, shared_bytes);
   return ok();
 }
 

@@ -1,5 +1,6 @@
 // Error names and strings (CUDA's own, so messages read the same on the emulator and on a GPU), the per-thread
 // last error, and the driver API's names for the few CUresult values the emulated driver entry points return.
+#include <atomic>
 #include <cstddef>
 
 #include "runtime.h"
@@ -37,6 +38,7 @@ constexpr ErrorText kRuntimeErrors[] = {
     {600, "cudaErrorNotReady", "device not ready"},
     {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
     {701, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {716, "cudaErrorMisalignedAddress", "misaligned address"},
     {719, "cudaErrorLaunchFailure", "unspecified launch failure"},
     {800, "cudaErrorNotPermitted", "operation not permitted"},
     {801, "cudaErrorNotSupported", "operation not supported"},
@@ -73,8 +75,16 @@ const ErrorText* find(const ErrorText (&table)[N], int code) {
 }
 
 thread_local cudaError_t t_last_error = cudaSuccess;
+std::atomic<int> g_sticky{cudaSuccess};
 
 }  // namespace
+
+cudaError_t sticky() { return static_cast<cudaError_t>(g_sticky.load(std::memory_order_acquire)); }
+
+bool set_sticky(cudaError_t e) {
+  int none = cudaSuccess;
+  return g_sticky.compare_exchange_strong(none, e, std::memory_order_acq_rel);
+}
 
 cudaError_t fail(cudaError_t e) {
   if (e != cudaSuccess) t_last_error = e;
@@ -97,13 +107,18 @@ const char* cudaGetErrorString(cudaError_t error) {
   return e != nullptr ? e->text : "unrecognized error code";
 }
 
+// A sticky error is every thread's last error for good: CUDA cannot clear a context fault either.
 cudaError_t cudaGetLastError(void) {
+  if (const cudaError_t s = sticky()) return s;
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
   return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return t_last_error; }
+cudaError_t cudaPeekAtLastError(void) {
+  if (const cudaError_t s = sticky()) return s;
+  return t_last_error;
+}
 
 int cuGetErrorName(int error, const char** name) {
   const ErrorText* e = find(kDriverErrors, error);

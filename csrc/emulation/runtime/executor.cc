@@ -1,11 +1,16 @@
 // The kernel executor of the emulated device.
 //
-// Residency. A device has sms x blocks_per_sm slots, each an OS thread that runs one block at a time to the end,
-// as an SM runs a resident block: a block never migrates and is never preempted by another block. Blocks are
-// dispatched in launch order (kernels in the order they reached the device, a kernel's blocks by index); a launch
-// that finds every slot busy waits for one to free. That is the property the virtual-ranks residency limit is
-// about: P ranks whose blocks spin on each other progress only if all of them are resident at once, here as on a
-// GPU. Kernels of different streams (and graph nodes without an edge between them) run concurrently.
+// Residency. A block runs on one SM from start to end, on a slot (an OS thread) of its own: it never migrates and is
+// never preempted by another block. How many blocks an SM holds at once follows an occupancy model of what the
+// kernel declares, as a GPU's does (resident_blocks): its block size in whole warps against the SM's thread limit,
+// its dynamic shared memory (plus the 1 KiB per block that sm_80 and newer reserve) against the SM's shared memory,
+// the SM's block limit, all by compute capability, and GPUCOLL_EMU_BLOCKS_PER_SM as a cap of blocks per SM.
+// (Registers and static __shared__ are not modelled: the host compiler knows neither.) Blocks are dispatched in
+// launch order (kernels in the order they reached the device, a kernel's blocks by index) to the least-loaded SM
+// that has room; a block that fits nowhere waits, and so does every block behind it, as on a GPU. That is the
+// property the virtual-ranks residency limit is about: P ranks whose blocks spin on each other progress only if all
+// of them are resident at once, here as on a GPU. Kernels of different streams (and graph nodes without an edge
+// between them) run concurrently.
 //
 // Threads. A block's CUDA threads are fibers on its slot thread, run in turn until each blocks: at
 // __syncthreads (it waits until every thread of the block that has not exited arrives: bar.sync), at a poll of a
@@ -25,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -81,6 +87,7 @@ struct Block {
   Fiber* current = nullptr;
   int live = 0;
   int arrived = 0;
+  bool aborted = false;  // a fault ended the block (its own access, or another block's: the context is gone)
   uint64_t gen = 0;
   void* tsan_sched = nullptr;
   char tsan_barrier[2] = {0, 0};  // sync objects of even and odd barrier generations
@@ -98,6 +105,15 @@ thread_local Block* t_block = nullptr;  // set on a slot thread while it runs a 
 void yield_to_scheduler(Block* b, Fiber* f) {
   GPUCOLL_EMU_TSAN_ONLY(__tsan_switch_to_fiber(b->tsan_sched, __tsan_switch_to_fiber_no_sync);)
   switch_context(&f->ctx, &b->sched);
+}
+
+// A fault anywhere in the process ends every block at its next scheduling point, as a GPU's fault ends every kernel
+// of the context. The block's other fibers are abandoned where they stand: kernel code holds no resources whose
+// destructors would have to run, and their contexts are rebuilt by the next block.
+void abort_if_faulted(Block* b, Fiber* f) {
+  if (sticky() == cudaSuccess) return;
+  b->aborted = true;
+  to_scheduler_forever(b, f);
 }
 
 void fiber_main(void* arg) {
@@ -152,7 +168,9 @@ void run_block(const Kernel& k, uint64_t index) {
   blockDim = k.block;
   gridDim = k.grid;
   const int n = static_cast<int>(k.block.x * k.block.y * k.block.z);
+  if (sticky() != cudaSuccess) return;  // dispatched after a fault: it never starts
   b->kernel = &k;
+  b->aborted = false;
   b->fibers.resize(n);
   b->live = n;
   b->arrived = 0;
@@ -167,7 +185,8 @@ void run_block(const Kernel& k, uint64_t index) {
     GPUCOLL_EMU_TSAN_ONLY(if (b->tsan_fibers.size() <= static_cast<size_t>(i)) b->tsan_fibers.push_back(__tsan_create_fiber(0));)
   }
   t_block = b;
-  while (b->live > 0) {
+  while (b->live > 0 && !b->aborted) {
+    if (sticky() != cudaSuccess) break;
     bool progress = false;
     const void* wait_addr = nullptr;
     uint64_t wait_value = 0;
@@ -178,6 +197,7 @@ void run_block(const Kernel& k, uint64_t index) {
       if (f.state == Fiber::State::kDone) continue;
       if (f.state == Fiber::State::kBarrier && f.barrier_gen == b->gen) continue;
       resume(b, &f, i);
+      if (b->aborted) break;
       switch (f.state) {
         case Fiber::State::kDone:
           --b->live;
@@ -220,26 +240,101 @@ struct Slot {
   bool busy = false;
   std::shared_ptr<GridRun> grid;  // handed over by the dispatcher
   uint64_t index = 0;
+  int sm = -1;  // the SM the block runs on
+};
+
+// What an SM has in use.
+struct SmUse {
+  int blocks = 0;
+  int threads = 0;
+  size_t shared = 0;
 };
 
 struct DeviceExec {
   std::mutex mu;
   std::deque<std::shared_ptr<GridRun>> queue;  // grids with blocks not yet dispatched, in launch order
   std::vector<Slot*> slots;
+  std::vector<SmUse> sms;
 };
+
+// CUDA's per-SM limits by compute capability (the programming guide's table): resident threads, resident blocks,
+// shared memory, and the shared memory the driver reserves per block.
+struct SmLimits {
+  int threads, blocks;
+  size_t shared, reserved;
+};
+SmLimits sm_limits() {
+  const gpucoll_emu_config& c = config();
+  const int cc = c.cc_major * 10 + c.cc_minor;
+  SmLimits l{2048, 32, 64u << 10, 0};
+  if (cc >= 90) {
+    l = {2048, 32, 228u << 10, 1u << 10};
+  } else if (cc == 89) {
+    l = {1536, 24, 100u << 10, 1u << 10};
+  } else if (cc >= 86) {
+    l = {1536, 16, 100u << 10, 1u << 10};
+  } else if (cc >= 80) {
+    l = {2048, 32, 164u << 10, 1u << 10};
+  } else if (cc >= 75) {
+    l = {1024, 16, 64u << 10, 0};
+  } else if (cc >= 70) {
+    l = {2048, 32, 96u << 10, 0};
+  }
+  l.blocks = std::min(l.blocks, c.blocks_per_sm);
+  return l;
+}
+
+// A block's claim on its SM: its threads in whole warps, its shared memory with the driver's reservation.
+SmUse claim_of(const Kernel& k) {
+  const SmLimits l = sm_limits();
+  const int threads = static_cast<int>(k.block.x * k.block.y * k.block.z);
+  return SmUse{1, (threads + 31) / 32 * 32, k.shared + l.reserved};
+}
+
+// Under d->mu: the least-loaded SM with room for `need`, or -1.
+int find_sm(DeviceExec* d, const SmUse& need) {
+  const SmLimits l = sm_limits();
+  if (d->sms.empty()) d->sms.resize(static_cast<size_t>(config().sms));
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(d->sms.size()); ++i) {
+    const SmUse& u = d->sms[i];
+    if (u.blocks + 1 > l.blocks || u.threads + need.threads > l.threads || u.shared + need.shared > l.shared) continue;
+    if (best < 0 || u.blocks < d->sms[best].blocks) best = i;
+  }
+  return best;
+}
 
 DeviceExec* const g_devices = new DeviceExec[16];  // made at load time, never destroyed (see g_kernels)
 
 DeviceExec& device_exec(int device) { return g_devices[device]; }
 
-// Under d->mu: the next queued block, or false.
-bool take_block(DeviceExec* d, std::shared_ptr<GridRun>* g, uint64_t* index) {
+// Under d->mu: the next queued block and the SM it goes to, its claim taken; false when the queue is empty or the
+// next block fits on no SM now (the blocks behind it wait too: dispatch is in order).
+bool take_block(DeviceExec* d, std::shared_ptr<GridRun>* g, uint64_t* index, int* sm) {
   if (d->queue.empty()) return false;
+  const SmUse need = claim_of(*d->queue.front()->kernel);
+  const int where = find_sm(d, need);
+  if (where < 0) return false;
+  SmUse& u = d->sms[where];
+  u.blocks += need.blocks;
+  u.threads += need.threads;
+  u.shared += need.shared;
+  *sm = where;
   *g = d->queue.front();
   *index = (*g)->next++;
   if ((*g)->next == (*g)->total) d->queue.pop_front();
   return true;
 }
+
+void release_sm(DeviceExec* d, const Kernel& k, int sm) {
+  const SmUse need = claim_of(k);
+  SmUse& u = d->sms[sm];
+  u.blocks -= need.blocks;
+  u.threads -= need.threads;
+  u.shared -= need.shared;
+}
+
+void dispatch(DeviceExec* d);
 
 void slot_main(DeviceExec* d, Slot* slot) {
   std::unique_lock<std::mutex> lock(d->mu);
@@ -248,6 +343,7 @@ void slot_main(DeviceExec* d, Slot* slot) {
     std::shared_ptr<GridRun> g = std::move(slot->grid);
     uint64_t index = slot->index;
     slot->grid = nullptr;
+    int sm = slot->sm;
     do {
       lock.unlock();
       run_block(*g->kernel, index);
@@ -258,25 +354,52 @@ void slot_main(DeviceExec* d, Slot* slot) {
         GPUCOLL_EMU_TSAN_ONLY(__tsan_acquire(g.get());)
         g->done();
       }
-      g.reset();
+      // The claim goes back before the grid's reference: the kernel (its shape) lives as long as the grid.
       lock.lock();
-    } while (take_block(d, &g, &index));
+      release_sm(d, *g->kernel, sm);
+      g.reset();
+    } while (take_block(d, &g, &index, &sm));
     slot->busy = false;
+    dispatch(d);  // the freed room may fit a block that waits for a bigger claim than this one's
   }
 }
 
-// Under d->mu: hands queued blocks to idle slots, lowest index first.
+// Under d->mu: hands queued blocks that fit to idle slots, lowest index first, starting a slot thread when every
+// one is busy (at most one per block the device can hold, so the count follows the kernels' occupancy).
 void dispatch(DeviceExec* d) {
-  for (Slot* slot : d->slots) {
-    if (d->queue.empty()) return;
-    if (slot->busy) continue;
+  size_t i = 0;
+  while (!d->queue.empty()) {
+    while (i < d->slots.size() && d->slots[i]->busy) ++i;
+    if (i == d->slots.size()) {
+      d->slots.push_back(new Slot());  // never freed, like its thread
+      std::thread(slot_main, d, d->slots.back()).detach();
+    }
+    Slot* slot = d->slots[i];
+    if (!take_block(d, &slot->grid, &slot->index, &slot->sm)) return;
     slot->busy = true;
-    take_block(d, &slot->grid, &slot->index);
     slot->cv.notify_one();
   }
 }
 
 }  // namespace
+
+bool in_kernel() { return t_block != nullptr && t_block->current != nullptr; }
+
+const void* current_kernel() { return t_block != nullptr ? t_block->kernel->func : nullptr; }
+
+void switch_point() {
+  Block* b = t_block;
+  if (b == nullptr || b->current == nullptr) return;
+  Fiber* f = b->current;
+  yield_to_scheduler(b, f);  // still kRunning: the scheduler resumes it in its turn, after the block's others
+  abort_if_faulted(b, f);
+}
+
+void abort_block() {
+  Block* b = t_block;
+  b->aborted = true;
+  to_scheduler_forever(b, b->current);
+}
 
 bool lookup_kernel(const void* func, gpucoll_emu_pack_fn* pack, gpucoll_emu_invoke_fn* invoke,
                    gpucoll_emu_free_fn* destroy) {
@@ -287,6 +410,14 @@ bool lookup_kernel(const void* func, gpucoll_emu_pack_fn* pack, gpucoll_emu_invo
   *invoke = it->second.invoke;
   *destroy = it->second.destroy;
   return true;
+}
+
+int resident_blocks(int threads, size_t shared_bytes) {
+  const SmLimits l = sm_limits();
+  if (threads < 1 || threads > 1024) return 0;
+  const int warps = (threads + 31) / 32 * 32;
+  const size_t shared = shared_bytes + l.reserved;
+  return std::min({l.blocks, l.threads / warps, static_cast<int>(l.shared / shared)});
 }
 
 cudaError_t check_shape(dim3 grid, dim3 block, size_t shared_bytes) {
@@ -309,13 +440,6 @@ void submit_grid(std::shared_ptr<const Kernel> k, std::function<void()> done) {
   g->done = std::move(done);
   DeviceExec& d = device_exec(g->kernel->device);
   std::lock_guard<std::mutex> lock(d.mu);
-  if (d.slots.empty()) {
-    const int slots = config().sms * config().blocks_per_sm;
-    for (int i = 0; i < slots; ++i) {
-      d.slots.push_back(new Slot());  // never freed, like its thread
-      std::thread(slot_main, &d, d.slots.back()).detach();
-    }
-  }
   d.queue.push_back(std::move(g));
   dispatch(&d);
 }
@@ -359,6 +483,7 @@ void gpucoll_emu_syncthreads(void) {
   f->state = Fiber::State::kBarrier;
   f->barrier_gen = b->gen;
   yield_to_scheduler(b, f);
+  abort_if_faulted(b, f);
   GPUCOLL_EMU_TSAN_ONLY(__tsan_acquire(&b->tsan_barrier[f->barrier_gen & 1]);)
   f->state = Fiber::State::kRunning;
 }
@@ -370,6 +495,7 @@ void gpucoll_emu_polled(const void* addr, uint64_t value) {
   if (f->poll_addr == addr && f->poll_value == value) {
     f->state = Fiber::State::kStalled;
     yield_to_scheduler(b, f);
+    abort_if_faulted(b, f);
     f->state = Fiber::State::kRunning;
   } else {
     f->poll_addr = addr;

@@ -10,12 +10,14 @@
 //
 // Strict where CUDA is strict: a handle cannot be opened in the process that exported it; copies and fills must
 // stay inside one allocation and match the direction they name; a host pointer is unregistered memory to
-// cudaPointerGetAttributes. Looser where a CPU cannot be strict: the host can dereference a device pointer.
+// cudaPointerGetAttributes. Where the pages live, and how host code is kept off them while the device is idle:
+// region.cc.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +63,9 @@ static_assert(sizeof(Handle) <= CUDA_IPC_HANDLE_SIZE, "IPC handle layout");
 std::shared_mutex& g_mu = *new std::shared_mutex();
 std::map<uintptr_t, Alloc>& g_allocs = *new std::map<uintptr_t, Alloc>();
 uint64_t g_bytes[16] = {};
+// Bumped whenever an allocation or mapping goes away: access.cc's per-thread caches of allocation bounds hold the
+// value they were filled under and refill when it moved.
+std::atomic<uint64_t> g_generation{1};
 
 uint64_t instance_id() {
   static const uint64_t id = [] {
@@ -114,6 +119,20 @@ bool find_range(const void* p, size_t n, Range* out) {
   }
   return true;
 }
+
+bool find_below(const void* p, Range* out) {
+  std::shared_lock<std::shared_mutex> lock(g_mu);
+  auto it = g_allocs.upper_bound(reinterpret_cast<uintptr_t>(p));
+  if (it == g_allocs.begin()) return false;
+  --it;
+  out->base = it->first;
+  out->size = it->second.size;
+  out->device = it->second.device;
+  out->ipc = it->second.ipc;
+  return true;
+}
+
+uint64_t alloc_generation() { return g_generation.load(std::memory_order_acquire); }
 
 uint64_t allocated_bytes(int device) {
   std::shared_lock<std::shared_mutex> lock(g_mu);
@@ -180,12 +199,11 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
+  void* p = region_map(fd, mapped, kGarbage);
+  if (p == nullptr) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
-  std::memset(p, kGarbage, mapped);
   Alloc a;
   a.size = size;
   a.mapped = mapped;
@@ -220,8 +238,9 @@ cudaError_t cudaFree(void* ptr) {
     if (it == g_allocs.end()) return fail(cudaErrorInvalidValue);
     g_bytes[a.device] -= a.mapped;
     g_allocs.erase(it);
+    g_generation.fetch_add(1, std::memory_order_acq_rel);
   }
-  munmap(ptr, a.mapped);
+  region_unmap(ptr, a.mapped);
   close(a.fd);
   return ok();
 }
@@ -309,9 +328,9 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
     return fail(cudaErrorMapBufferObjectFailed);
   }
   const size_t mapped = page_round(static_cast<size_t>(h.size));
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = region_map(fd, mapped, -1);
   close(fd);  // the mapping keeps the pages
-  if (p == MAP_FAILED) return fail(cudaErrorMapBufferObjectFailed);
+  if (p == nullptr) return fail(cudaErrorMapBufferObjectFailed);
   Alloc a;
   a.size = static_cast<size_t>(h.size);
   a.mapped = mapped;
@@ -338,8 +357,9 @@ cudaError_t cudaIpcCloseMemHandle(void* ptr) {
     if (--it->second.refs > 0) return ok();
     mapped = it->second.mapped;
     g_allocs.erase(it);
+    g_generation.fetch_add(1, std::memory_order_acq_rel);
   }
-  munmap(ptr, mapped);
+  region_unmap(ptr, mapped);
   return ok();
 }
 

@@ -1,18 +1,21 @@
 // Internals of the emulated CUDA runtime (libgpucoll_cudaemu.so). Not installed, not included outside runtime/.
 //
 // Map of the library:
-//   errors.cc    error names and strings (CUDA's), the per-thread last error, driver error names
-//   device.cc    configuration, devices, attributes, occupancy, versions, the driver entry points
+//   errors.cc    error names and strings (CUDA's), the per-thread last error, driver error names, the sticky error
+//   device.cc    configuration, devices, attributes, occupancy query, versions, the driver entry points
 //   memory.cc    device memory (memfd + mmap, so CUDA IPC works between processes), pointer queries, IPC
+//   region.cc    where device memory is mapped, and the gate that closes it to host code while the device is idle
+//   access.cc    device code's global accesses checked (bounds, alignment: faults), seeded switch points
 //   stream.cc    streams, events, host functions, synchronisation, memcpy/memset, kernel launches
 //   capture.cc   stream capture into graphs, instantiation, graph launches
-//   executor.cc  the block scheduler (SMs x resident blocks per SM slot threads) and the per-block fiber
-//                scheduler: __syncthreads, polls that give way, the kernel-visible thread-local indices
+//   executor.cc  the block scheduler (the occupancy model: which SM holds a block, one slot thread per resident
+//                block) and the per-block fiber scheduler: __syncthreads, polls that give way, fault aborts, the
+//                kernel-visible thread-local indices
 //   fiber.cc     the context switch and fiber stacks (ThreadSanitizer-annotated)
 //
 // Locking: one mutex (state().mu) guards streams, events, captures and graphs; state().cv is notified whenever an
-// operation completes. Allocations have their own lock (memory.cc). The executor has one lock per device. No lock
-// is held while an operation runs.
+// operation completes. Allocations have their own lock (memory.cc), and the region its own, innermost (region.cc).
+// The executor has one lock per device. No lock is held while an operation runs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,15 +37,22 @@ namespace gpucoll_emu {
 // ---- errors.cc ---------------------------------------------------------------------------------------------------
 // Records `e` as the calling thread's last error when it is not cudaSuccess, and returns it.
 cudaError_t fail(cudaError_t e);
-inline cudaError_t ok() { return cudaSuccess; }
+// The sticky error of a device fault (a kernel's illegal or misaligned access, access.cc), cudaSuccess until one
+// happens. A GPU's fault destroys the context: every later call fails with it, and so it is here, for the whole
+// process (all emulated devices: a test process drives one). set_sticky: true for the first fault only.
+cudaError_t sticky();
+bool set_sticky(cudaError_t e);
+// A call's success: the sticky error once a fault happened, so that a call that waited for work (a synchronise, a
+// blocking copy) reports the fault it waited through, as CUDA's do.
+inline cudaError_t ok() { return fail(sticky()); }
 
 // ---- device.cc ---------------------------------------------------------------------------------------------------
 // The configuration, fixed by the first call that needs it.
 const gpucoll_emu_config& config();
 bool valid_device(int device);
 int current_device();
-// cudaErrorInitializationError in a child forked after the runtime started (as CUDA), else cudaSuccess; fixes the
-// configuration on first use.
+// cudaErrorInitializationError in a child forked after the runtime started (as CUDA), cudaErrorNotPermitted in a
+// host function, the sticky error after a fault, else cudaSuccess; fixes the configuration on first use.
 cudaError_t check_init();
 // Marks `device`'s primary context as created (cudaSetDevice, or the first call that uses the device).
 void touch_device(int device);
@@ -70,12 +80,27 @@ struct Range {
 };
 // The device allocation (own or IPC-mapped) containing [p, p + n), or false.
 bool find_range(const void* p, size_t n, Range* out);
+// The allocation with the highest base at or below `p` (whether or not it contains p), or false: what an access
+// that missed every allocation ran past.
+bool find_below(const void* p, Range* out);
+// Changes whenever an allocation or IPC mapping goes away.
+uint64_t alloc_generation();
 // Bytes this process allocated on `device` (cudaMemGetInfo, the memory limit).
 uint64_t allocated_bytes(int device);
 // Whether a copy of `n` bytes in direction `kind` may run (cudaErrorInvalidValue: a pointer on the wrong side, or a
 // device range that leaves its allocation), and whether a fill of [p, p + n) stays inside one allocation.
 cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind);
 cudaError_t check_fill(void* p, size_t n);
+
+// ---- region.cc ---------------------------------------------------------------------------------------------------
+// Maps `bytes` of `fd` (MAP_SHARED) into the device region and fills them with `fill` (none if negative); null when
+// the region is full or the map fails. region_unmap gives the place back.
+void* region_map(int fd, size_t bytes, int fill);
+void region_unmap(void* p, size_t bytes);
+// Device work (a stream operation) queued, and finished: the region is open to the process while any is in flight,
+// closed to host code otherwise.
+void device_work_begin();
+void device_work_end();
 
 // ---- executor.cc -------------------------------------------------------------------------------------------------
 struct Kernel {
@@ -84,6 +109,7 @@ struct Kernel {
   gpucoll_emu_free_fn destroy = nullptr;
   void* params = nullptr;  // packed at launch (CUDA copies kernel parameters at launch, not at execution)
   dim3 grid, block;
+  size_t shared = 0;  // dynamic shared memory per block
   int device = 0;
   ~Kernel() {
     if (destroy != nullptr && params != nullptr) destroy(params);
@@ -92,12 +118,22 @@ struct Kernel {
 // How to call `func`, as registered by the typed overloads of <cuda_runtime.h>; false when unknown.
 bool lookup_kernel(const void* func, gpucoll_emu_pack_fn* pack, gpucoll_emu_invoke_fn* invoke,
                    gpucoll_emu_free_fn* destroy);
+// How many blocks of `threads` threads and `shared_bytes` of dynamic shared memory one SM holds at once: the
+// occupancy model (executor.cc) that both the block scheduler and cudaOccupancyMaxActiveBlocksPerMultiprocessor use.
+int resident_blocks(int threads, size_t shared_bytes);
 // Validates a launch shape (cudaErrorInvalidConfiguration) without running anything.
 cudaError_t check_shape(dim3 grid, dim3 block, size_t shared_bytes);
 // Queues every block of `k` on its device's block scheduler; `done` runs (on a slot thread) after the last block.
 void submit_grid(std::shared_ptr<const Kernel> k, std::function<void()> done);
 // submit_grid and wait.
 void run_grid(std::shared_ptr<const Kernel> k);
+// Whether the calling thread runs device code (a CUDA thread of a block), and that block's kernel.
+bool in_kernel();
+const void* current_kernel();
+// A scheduling point of the running CUDA thread: the block's other threads run before it goes on.
+void switch_point();
+// Ends the running block at once (after a fault: set_sticky first). Only from device code.
+[[noreturn]] void abort_block();
 
 // ---- graphs (capture.cc) -----------------------------------------------------------------------------------------
 // One unit of work a stream (or a graph node) runs: a kernel, a copy, a fill, a host function, or nothing (event
@@ -114,7 +150,8 @@ struct Work {
   void* data = nullptr;
   std::shared_ptr<struct GraphExec> exec;
 };
-// Runs `w` on the calling thread (a stream worker) and returns when it finished.
+// Runs `w` on the calling thread (a stream worker) and returns when it finished; after a fault it does nothing (a
+// faulted context runs no more work, and its streams drain so that nobody waits forever).
 void run_work(const Work& w);
 
 struct Node {

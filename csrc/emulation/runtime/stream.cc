@@ -67,13 +67,14 @@ void worker_main(Stream* s) {
     const Work work = s->queue.front().work;
     const uint64_t seq = s->queue.front().seq;
     lock.unlock();
-    jitter(s, seq);
+    if (sticky() == cudaSuccess) jitter(s, seq);
     run_work(work);
     lock.lock();
     Stream::Op& op = s->queue.front();
     s->completed = op.seq;
     if (op.record) op.record->time_ns = now_ns();
     s->queue.pop_front();
+    device_work_end();
     st.cv.notify_all();
   }
   s->worker = false;
@@ -167,6 +168,7 @@ uint64_t enqueue(Stream* s, Work w, std::shared_ptr<EventRecord> record,
   }
   op.record = std::move(record);
   s->queue.push_back(std::move(op));
+  device_work_begin();
   if (!s->worker) {
     s->worker = true;
     std::thread(worker_main, s).detach();
@@ -180,6 +182,7 @@ void wait_for(std::unique_lock<std::mutex>& lock, Stream* s, uint64_t seq) {
 }
 
 void run_work(const Work& w) {
+  if (sticky() != cudaSuccess) return;
   switch (w.kind) {
     case Work::Kind::kNone:
       break;
@@ -387,6 +390,7 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
   k->params = pack(args);  // the parameters' values now: the caller may reuse its variables after the launch
   k->grid = grid;
   k->block = block;
+  k->shared = shared_bytes;
   k->device = s->device;
   Work w;
   w.kind = Work::Kind::kKernel;

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -111,6 +113,29 @@ __global__ void early_exit(int* out) {
   atomicAdd(out, 1);
 }
 
+// Faults (runtime/access.cc): thread 0 of block `bad` makes one bad access of kind `kind` through the checked
+// intrinsics; every other block spins on flags[0] (set by nobody) until the fault ends it. 0: a load one element
+// past the end of `in`; 1: a store one element past the end of `out`; 2: a load of host memory; 3: a 16-byte load
+// at `in` + 4 bytes (misaligned).
+__global__ void bad_access(const int* in, int n, int* out, const int* host, unsigned long long* flags, int kind,
+                           unsigned bad) {
+  if (blockIdx.x != bad) {
+    for (;;) {  // only the fault can end this wait
+      const unsigned long long v = __atomic_load_n(flags, __ATOMIC_ACQUIRE);
+      gpucoll_emu_polled(flags, v);
+      if (v != 0) break;
+    }
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (kind == 0) out[0] = __ldcg(in + n);
+  if (kind == 1) __stwb(out + n, 1);
+  if (kind == 2) out[0] = __ldcg(host);
+  if (kind == 3) out[0] = static_cast<int>(__ldcg(reinterpret_cast<const uint4*>(in + 1)).x);
+  out[1] = 7;  // never reached
+}
+
 void sleep_ms(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); }
 void increment(void* p) { ++*static_cast<int*>(p); }
 void try_cuda_inside(void* p) {
@@ -181,7 +206,7 @@ bool kernels_barriers_shared_memory() {
   OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, block_sum, 512, 0));
   gpucoll_emu_config c;
   gpucoll_emu_get_config(&c);
-  EXPECT(bps == c.blocks_per_sm);
+  EXPECT(bps == std::min(c.blocks_per_sm, 4));  // 512 threads: 4 per SM by sm_90's 2048 threads, under the cap
   OK(cudaFree(in));
   OK(cudaFree(out));
   return true;
@@ -365,27 +390,45 @@ bool capture_fork_join_and_replay() {
 
 // A kernel whose blocks must all be resident at once, with more blocks than the device has slots: the blocks
 // beyond the slots wait, so the meeting times out, as on a GPU; with as many blocks as slots it succeeds.
+// The occupancy model (executor.cc): blocks per SM from the block's warps, its dynamic shared memory (+1 KiB reserved)
+// and the SM's block limit (sm_90's: 2048 threads, 32 blocks, 228 KiB), capped by blocks_per_sm. The query answers
+// it, and exactly that many blocks per SM are co-resident: one block more than sms x that never meets the others.
 bool residency_is_enforced() {
   gpucoll_emu_config c;
   gpucoll_emu_get_config(&c);
-  const int slots = c.sms * c.blocks_per_sm;
-  unsigned long long* flags = nullptr;
-  int* out = nullptr;
-  OK(cudaMalloc(reinterpret_cast<void**>(&flags), (slots + 1) * sizeof(unsigned long long)));
-  OK(cudaMalloc(reinterpret_cast<void**>(&out), (slots + 1) * sizeof(int)));
-  unsigned long long timeout = 300000000ull;  // 0.3 s
-  void* args[] = {&flags, &out, &timeout};
-  std::vector<int> met(slots + 1);
-  for (int blocks : {slots, slots + 1}) {
-    OK(cudaMemset(flags, 0, (slots + 1) * sizeof(unsigned long long)));
-    OK(cudaLaunchKernel(all_blocks_meet, dim3(blocks), dim3(32), args, 0, nullptr));
-    OK(cudaMemcpy(met.data(), out, blocks * sizeof(int), cudaMemcpyDeviceToHost));
-    int all = 1;
-    for (int b = 0; b < blocks; ++b) all &= met[b];
-    EXPECT(all == (blocks <= slots ? 1 : 0));
+  EXPECT(c.cc_major == 9 && c.cc_minor == 0);  // the limits below are sm_90's
+  struct Shape {
+    int threads;
+    size_t shared;
+  };
+  for (const Shape sh : {Shape{32, 0}, Shape{1024, 0}, Shape{256, 40 << 10}, Shape{1000, 0}}) {
+    const int warps = (sh.threads + 31) / 32 * 32;
+    const int want = std::min({c.blocks_per_sm, 32, 2048 / warps, static_cast<int>((228u << 10) / (sh.shared + 1024))});
+    int per_sm = -1;
+    OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, all_blocks_meet,
+                                                     sh.threads, sh.shared));
+    if (per_sm != want) std::printf("  %d threads, %zu shared bytes: %d blocks per SM, want %d\n", sh.threads, sh.shared, per_sm, want);
+    EXPECT(per_sm == want);
+    const int slots = c.sms * per_sm;
+    unsigned long long* flags = nullptr;
+    int* out = nullptr;
+    OK(cudaMalloc(reinterpret_cast<void**>(&flags), (slots + 1) * sizeof(unsigned long long)));
+    OK(cudaMalloc(reinterpret_cast<void**>(&out), (slots + 1) * sizeof(int)));
+    unsigned long long timeout = 300000000ull;  // 0.3 s
+    void* args[] = {&flags, &out, &timeout};
+    std::vector<int> met(slots + 1);
+    for (int blocks : {slots, slots + 1}) {
+      OK(cudaMemset(flags, 0, (slots + 1) * sizeof(unsigned long long)));
+      OK(cudaLaunchKernel(all_blocks_meet, dim3(blocks), dim3(sh.threads), args, sh.shared, nullptr));
+      OK(cudaMemcpy(met.data(), out, blocks * sizeof(int), cudaMemcpyDeviceToHost));
+      int all = 1;
+      for (int b = 0; b < blocks; ++b) all &= met[b];
+      if (all != (blocks <= slots ? 1 : 0)) std::printf("  %d threads, %d blocks: met=%d\n", sh.threads, blocks, all);
+      EXPECT(all == (blocks <= slots ? 1 : 0));
+    }
+    OK(cudaFree(flags));
+    OK(cudaFree(out));
   }
-  OK(cudaFree(flags));
-  OK(cudaFree(out));
   return true;
 }
 
@@ -460,8 +503,48 @@ int run_child(const std::vector<std::string>& args) {
   return 0;
 }
 
+// --fault <kind>: one fault of bad_access's `kind` in a fresh process (a fault poisons the process for good).
+int run_fault(int kind) {
+  int *in = nullptr, *out = nullptr;
+  unsigned long long* flags = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&in), 100 * sizeof(int)) != cudaSuccess) return 20;
+  if (cudaMalloc(reinterpret_cast<void**>(&out), 100 * sizeof(int)) != cudaSuccess) return 21;
+  if (cudaMalloc(reinterpret_cast<void**>(&flags), 8) != cudaSuccess) return 22;
+  if (cudaMemset(flags, 0, 8) != cudaSuccess || cudaMemset(out, 0, 400) != cudaSuccess) return 23;
+  static int host_word = 5;
+  cudaStream_t s;
+  if (cudaStreamCreate(&s) != cudaSuccess) return 24;
+  // Blocks 0 and 2 spin; block 1 faults. The launch succeeds: the fault is found while the kernel runs.
+  const int* cin = in;
+  const int* host = &host_word;
+  int n = 100;
+  unsigned bad = 1;
+  void* args[] = {&cin, &n, &out, &host, &flags, &kind, &bad};
+  if (cudaLaunchKernel(bad_access, dim3(3), dim3(64), args, 0, s) != cudaSuccess) return 25;
+  const cudaError_t want = kind == 3 ? cudaErrorMisalignedAddress : cudaErrorIllegalAddress;
+  if (cudaStreamSynchronize(s) != want) return 26;
+  // Sticky: every later call fails the same way, and the last error cannot be cleared.
+  void* p = nullptr;
+  if (cudaMalloc(&p, 64) != want) return 27;
+  if (cudaGetLastError() != want || cudaGetLastError() != want || cudaPeekAtLastError() != want) return 28;
+  int h = 0;
+  if (cudaMemcpy(&h, out + 1, sizeof(int), cudaMemcpyDeviceToHost) != want) return 29;
+  return 0;
+}
+
+// --fault 4: host code reads device memory while the device is idle: a segfault, as on a GPU (region.cc).
+int run_host_touch() {
+  int* d = nullptr;
+  if (cudaMalloc(reinterpret_cast<void**>(&d), 64) != cudaSuccess || cudaMemset(d, 0, 64) != cudaSuccess) return 40;
+  if (cudaDeviceSynchronize() != cudaSuccess) return 41;
+  const volatile int v = *d;  // dies here
+  (void)v;
+  return 42;
+}
+
 int spawn_child(const std::string& handle, const char* mode) {
-  std::vector<std::string> argv_s = {g_self, "--child", handle, mode};
+  std::vector<std::string> argv_s = {g_self, handle == "--fault" ? "--fault" : "--child", mode};
+  if (handle != "--fault") argv_s.insert(argv_s.begin() + 2, handle);
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -469,7 +552,7 @@ int spawn_child(const std::string& handle, const char* mode) {
   if (posix_spawn(&pid, g_self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return -1;
   int status = 0;
   waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -2;
 }
 
 bool ipc_between_processes() {
@@ -490,6 +573,22 @@ bool ipc_between_processes() {
   for (int i = 0; i < 64; ++i) EXPECT(h[i] == -i);
   OK(cudaFree(d));
   EXPECT(spawn_child(hex(handle), "gone") == 0);  // a freed allocation cannot be opened
+  return true;
+}
+
+bool faults_are_sticky_errors() {
+  for (const char* kind : {"0", "1", "2", "3"}) {
+    const int rc = spawn_child("--fault", kind);
+    if (rc != 0) std::printf("  fault kind %s: child exited with %d\n", kind, rc);
+    EXPECT(rc == 0);
+  }
+  return true;
+}
+
+bool host_code_cannot_touch_idle_device_memory() {
+  const int rc = spawn_child("--fault", "4");
+  if (rc != 128 + SIGSEGV) std::printf("  child exited with %d (want %d: SIGSEGV)\n", rc, 128 + SIGSEGV);
+  EXPECT(rc == 128 + SIGSEGV);
   return true;
 }
 
@@ -516,6 +615,7 @@ int main(int argc, char** argv) {
   // --sms=N --blocks_per_sm=N: the device shape (before the first CUDA call).
   gpucoll_emu_config cfg;
   gpucoll_emu_default_config(&cfg);
+  cfg.host_fence = 1;  // host code kept out of idle device memory (region.cc): every check runs with it
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--sms=", 6) == 0) cfg.sms = std::atoi(argv[i] + 6);
     if (std::strncmp(argv[i], "--blocks_per_sm=", 16) == 0) cfg.blocks_per_sm = std::atoi(argv[i] + 16);
@@ -523,6 +623,9 @@ int main(int argc, char** argv) {
   if (gpucoll_emu_configure(&cfg) != cudaSuccess) {
     std::printf("FAIL configure\n");
     return 1;
+  }
+  if (argc >= 3 && std::strcmp(argv[1], "--fault") == 0) {
+    return std::atoi(argv[2]) == 4 ? run_host_touch() : run_fault(std::atoi(argv[2]));
   }
   check("memory_and_copies", memory_and_copies);
   check("kernels_barriers_shared_memory", kernels_barriers_shared_memory);
@@ -533,6 +636,8 @@ int main(int argc, char** argv) {
   check("devices_and_errors", devices_and_errors);
   check("ipc_between_processes", ipc_between_processes);
   check("forked_child_cannot_use_cuda", forked_child_cannot_use_cuda);
+  check("faults_are_sticky_errors", faults_are_sticky_errors);
+  check("host_code_cannot_touch_idle_device_memory", host_code_cannot_touch_idle_device_memory);
   gpucoll_emu_counts counts;
   gpucoll_emu_get_counts(&counts);
   const bool clean = counts.allocations == 0 && counts.ipc_mappings == 0 && counts.streams == 0 && counts.events == 0 &&

@@ -5,7 +5,8 @@
 //   * with -fsanitize=thread (the data-race check: the real protocol must be clean, and one built with
 //     GPUCOLL_EMU_TEST_WEAK_RELEASE must not be).
 //
-//   vranks_harness [--ranks=2,3,8] [--algos=oneshot,twoshot,ring,tree] [--quick|--tsan] [--sms=N] [--bps=N]
+//   vranks_harness [--ranks=2,3,8] [--algos=oneshot,twoshot,ring,tree] [--quick|--tsan] [--dtypes=LIST|all]
+//                  [--shuffle=SEED] [--sms=N] [--bps=N]
 // --quick: float32 and bfloat16, sum and avg, fewer sizes. --tsan: float32 sum only, one size per path (one piece,
 // several pieces, several blocks): what ThreadSanitizer needs to see every synchronisation, in bounded time.
 //   vranks_harness --missing-peer      one rank calls, its peer never does: the kernel must time out
@@ -123,9 +124,21 @@ class World {
     for (auto& c : comms_) c->connect_local(raw);
     for (int r = 0; r < P; ++r) streams_.push_back(std::make_unique<gpucoll::cuda::Stream>(0));
   }
+  // After a device fault every CUDA call fails (the sticky error), the ones cleanup makes included: the failure was
+  // reported where it happened, and a destructor must not throw.
   ~World() {
-    for (auto& c : comms_) c->synchronize();
-    for (auto& c : comms_) c->close();
+    for (auto& c : comms_) {
+      try {
+        c->synchronize();
+      } catch (const std::exception&) {
+      }
+    }
+    for (auto& c : comms_) {
+      try {
+        c->close();
+      } catch (const std::exception&) {
+      }
+    }
   }
 
   // Rank 0 alone calls (its peers never arrive): every block of its kernel must give up after the timeout and
@@ -246,6 +259,7 @@ int main(int argc, char** argv) {
   std::vector<int> ranks = {2, 3, 4, 5, 8};
   std::vector<Algo> algos = {Algo::kOneShot, Algo::kTwoShot, Algo::kRing, Algo::kTree};
   bool quick = false, tsan = false, missing_peer = false;
+  std::vector<DType> only_dtypes;  // --dtypes=float32,bfloat16,... (or "all"): in place of the mode's own
   // 4 SMs x 4 blocks by default: kernels of several blocks per rank up to P=4. Staging halves of 1 KiB (pieces
   // from 256 float32 elements up): messages of several pieces, and stale flag rows when the grid changes.
   gpucoll_emu_config cfg;
@@ -263,6 +277,13 @@ int main(int argc, char** argv) {
         Algo x;
         if (!gpucoll::custom::parse_algo(s, &x)) return 2;
         algos.push_back(x);
+      }
+    } else if (a.rfind("--dtypes=", 0) == 0) {
+      const std::string list = a.substr(9) == "all" ? "float32,float16,bfloat16,float64,int32" : a.substr(9);
+      for (const auto& s : split(list)) {
+        DType x;
+        if (!gpucoll::parse_dtype(s.c_str(), &x)) return 2;
+        only_dtypes.push_back(x);
       }
     } else if (a == "--quick") {
       quick = true;
@@ -288,7 +309,8 @@ int main(int argc, char** argv) {
     return fails.empty() ? 0 : 1;
   }
   const std::vector<DType> dtypes =
-      tsan ? std::vector<DType>{DType::kF32}
+      !only_dtypes.empty() ? only_dtypes
+      : tsan ? std::vector<DType>{DType::kF32}
       : quick ? std::vector<DType>{DType::kF32, DType::kBF16}
             : std::vector<DType>{DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI32};
   const std::vector<RedOp> ops =

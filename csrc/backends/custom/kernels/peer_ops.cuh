@@ -55,6 +55,25 @@ __device__ __forceinline__ T ld_cg(const T* p) {
   return v;
 }
 
+// A plain store of one element (st.global.wb through its intrinsic, which the emulated device checks like a pack's).
+template <class T>
+__device__ __forceinline__ void st_elem(T* p, T v) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "element size");
+  if constexpr (sizeof(T) == 2) {
+    unsigned short u;
+    memcpy(&u, &v, sizeof(u));
+    __stwb(reinterpret_cast<unsigned short*>(p), u);
+  } else if constexpr (sizeof(T) == 4) {
+    unsigned int u;
+    memcpy(&u, &v, sizeof(u));
+    __stwb(reinterpret_cast<unsigned int*>(p), u);
+  } else {
+    unsigned long long u;
+    memcpy(&u, &v, sizeof(u));
+    __stwb(reinterpret_cast<unsigned long long*>(p), u);
+  }
+}
+
 // Up to kMaxRanks + 1 sources of one reduction, combined in list order.
 template <class T>
 struct Srcs {
@@ -86,7 +105,7 @@ __device__ __forceinline__ void block_reduce(T* dst, const Srcs<T>& s, size_t co
     for (int k = 1; k < kMaxRanks + 1; ++k) {
       if (k < s.n) acc = op(acc, Acc<T>::load(fin.pre(ld_cg(s.p[k] + i))));
     }
-    dst[i] = fin(Acc<T>::store(acc));
+    st_elem(dst + i, fin(Acc<T>::store(acc)));
   };
   for (size_t i = threadIdx.x; i < split.head; i += blockDim.x) scalar(i);
   const size_t body_end = split.head + split.packs * kElems;
@@ -125,12 +144,14 @@ __device__ __forceinline__ void block_copy(T* dst, const T* src, size_t count, F
   } else {
     constexpr int kElems = Pack<T>::kElems;
     const PackSplit split = split_for(dst, s, count);
-    for (size_t i = threadIdx.x; i < split.head; i += blockDim.x) dst[i] = ld_cg(src + i);
+    for (size_t i = threadIdx.x; i < split.head; i += blockDim.x) st_elem(dst + i, ld_cg(src + i));
     for (size_t p = threadIdx.x; p < split.packs; p += blockDim.x) {
       const size_t off = split.head + p * kElems;
       store_pack(dst + off, ld_cg_pack(src + off));
     }
-    for (size_t i = split.head + split.packs * kElems + threadIdx.x; i < count; i += blockDim.x) dst[i] = ld_cg(src + i);
+    for (size_t i = split.head + split.packs * kElems + threadIdx.x; i < count; i += blockDim.x) {
+      st_elem(dst + i, ld_cg(src + i));
+    }
   }
 }
 

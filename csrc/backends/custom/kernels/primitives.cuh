@@ -59,7 +59,9 @@ GPUCOLL_HD inline PackSplit pack_split(size_t count, const void* const* ptrs, in
   return s;
 }
 
-__device__ GPUCOLL_INLINE void store_pack(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+// st.global.wb, the plain store; spelled as the intrinsic so that the emulated device checks it (alignment,
+// bounds) like every other global access of the kernels.
+__device__ GPUCOLL_INLINE void store_pack(void* p, uint4 v) { __stwb(reinterpret_cast<uint4*>(p), v); }
 
 // What a reduction does besides combining (avg as core/dispatch.h defines it, NCCL's ncclAvg): `pre` on every input
 // element before it is combined (floating types: times 1/n), `operator()` on every finished result before it is

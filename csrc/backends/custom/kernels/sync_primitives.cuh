@@ -10,7 +10,8 @@
 //   fetch_add_acq_rel    PTX atom.acq_rel.gpu.add         C++ acq_rel read-modify-write
 //   global_timer_ns      %globaltimer                     CLOCK_MONOTONIC
 //
-// The emulated versions use the compiler's __atomic builtins, i.e. the C++ memory model's release and acquire,
+// Each emulated version first checks its access as device.h's __ldcg does (alignment, the bounds of a device
+// allocation: a fault otherwise, runtime/access.cc). The emulated versions use the compiler's __atomic builtins, i.e. the C++ memory model's release and acquire,
 // which is what the PTX scopes mean for our use (.sys: visible to other GPUs and processes, as every thread of
 // every emulated process sees the same shared memory). ThreadSanitizer instruments them: a release weakened to
 // relaxed (GPUCOLL_EMU_TEST_WEAK_RELEASE, test builds only) makes the peers' reads of staged data a reported race.
@@ -31,21 +32,33 @@ constexpr int kReleaseOrder = __ATOMIC_RELEASE;
 #endif
 
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  gpucoll_emu_global_access(p, sizeof(*p), 1);
   __atomic_store_n(p, v, kReleaseOrder);
   gpucoll_emu_stored(p);
 }
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  gpucoll_emu_global_access(p, sizeof(*p), 0);
   const uint64_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
   gpucoll_emu_polled(p, v);
   return v;
 }
 
-__device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+__device__ __forceinline__ uint32_t ld_relaxed_sys(const uint32_t* p) {
+  gpucoll_emu_global_access(p, sizeof(*p), 0);
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  gpucoll_emu_global_access(p, sizeof(*p), 0);
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  gpucoll_emu_global_access(p, sizeof(*p), 1);
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
 
 __device__ __forceinline__ uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
+  gpucoll_emu_global_access(p, sizeof(*p), 1);
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
 

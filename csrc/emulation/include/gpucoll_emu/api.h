@@ -16,7 +16,7 @@ extern "C" {
 struct gpucoll_emu_config {
   int devices;               // visible devices (cudaGetDeviceCount)
   int sms;                   // multiprocessors per device
-  int blocks_per_sm;         // resident blocks per SM (the occupancy of every kernel of up to 1024 threads)
+  int blocks_per_sm;         // a cap on resident blocks per SM, below the occupancy model (executor.cc); 1 to 32
   int cc_major, cc_minor;    // compute capability
   int p2p;                   // whether distinct devices can map each other's memory (IPC, cudaDeviceCanAccessPeer)
   unsigned long long memory; // bytes per device (cudaMalloc beyond it fails with cudaErrorMemoryAllocation)
@@ -27,9 +27,20 @@ struct gpucoll_emu_config {
   unsigned long long seed;
   // Thread order: 0 runs a block's threads in index order at every turn (thread 0 first); 1 starts each turn at a
   // thread drawn from `seed` and the block's dispatch, so code that needs a __syncthreads it lacks reads before the
-  // write it depends on.
+  // write it depends on; each global access of device code is then also a switch point, after a drawn number of them.
   unsigned long long shuffle_threads;
+  // Host fence: 1 closes device memory to the process while the device is idle (runtime/region.cc), so that host
+  // code dereferencing a device pointer segfaults as on a GPU. Off by default: each idle/busy transition costs an
+  // mprotect over every mapped page (the suite runs it on a sample, the thorough run everywhere).
+  unsigned long long host_fence;
 };
+
+// Device memory is closed to host code while the device is idle (runtime/region.cc). A thread of a library that
+// stands in for a device-side agent and touches device memory outside stream work (the NCCL stand-in's bootstrap,
+// which moves its records through device-memory mailboxes where NCCL's goes over sockets) brackets that with these:
+// the memory stays open in between, as during device work.
+GPUCOLL_EMU_API void gpucoll_emu_agent_begin(void);
+GPUCOLL_EMU_API void gpucoll_emu_agent_end(void);
 
 // The defaults (1 device, 8 SMs x 2 blocks, sm_90, P2P, 16 GiB, no jitter).
 GPUCOLL_EMU_API void gpucoll_emu_default_config(struct gpucoll_emu_config* out);

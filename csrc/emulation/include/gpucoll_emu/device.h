@@ -9,8 +9,11 @@
 // - __shared__ is a static thread-local: one instance per OS thread, i.e. per resident block, shared by the
 //   block's fibers and, like CUDA shared memory, holding garbage (the previous block's value) until written.
 // - atomicAdd/atomicMax/... are relaxed read-modify-writes, as CUDA's are (no ordering beyond the one location).
-// - __ldcg (cache-global load) is a plain load: it bypasses L1 on a GPU, which changes nothing about ordering, so
-//   a plain load racing a write is exactly as wrong here (and to ThreadSanitizer) as the GPU code would be.
+// - __ldcg (cache-global load) and __stwb (write-back store, a plain st.global) are plain accesses: L1 bypass
+//   changes nothing about ordering, so a plain load racing a write is exactly as wrong here (and to
+//   ThreadSanitizer) as the GPU code would be. Each is checked first (gpucoll_emu_global_access, runtime/access.cc):
+//   natural alignment and the bounds of a device allocation, a fault otherwise, as a GPU faults; and, with the
+//   seeded thread order, a switch point.
 // Ordering primitives that do more (release/acquire at system scope) are not here: they live next to their PTX in
 // csrc/backends/custom/kernels/sync_primitives.cuh, so the two implementations can be read side by side.
 #pragma once
@@ -41,6 +44,10 @@ GPUCOLL_EMU_API void gpucoll_emu_syncthreads(void);
 GPUCOLL_EMU_API void gpucoll_emu_polled(const void* addr, uint64_t value);
 // Wakes fibers of any process that sleep on the word at `addr` (call after storing to it).
 GPUCOLL_EMU_API void gpucoll_emu_stored(const void* addr);
+// Device code's load (write 0) or store (write 1) of `bytes` at `p` in global memory, before it happens: a fault
+// (cudaErrorMisalignedAddress, cudaErrorIllegalAddress; the block ends here) unless it is naturally aligned and
+// inside a device allocation; a seeded switch point. Does nothing outside device code.
+GPUCOLL_EMU_API void gpucoll_emu_global_access(const void* p, uint32_t bytes, int write);
 // %globaltimer: nanoseconds, monotonic.
 GPUCOLL_EMU_API uint64_t gpucoll_emu_global_timer_ns(void);
 }
@@ -94,5 +101,11 @@ __forceinline__ unsigned long long atomicCAS(unsigned long long* p, unsigned lon
 
 template <class T>
 __forceinline__ T __ldcg(const T* p) {
+  gpucoll_emu_global_access(p, sizeof(T), 0);
   return *p;
+}
+template <class T>
+__forceinline__ void __stwb(T* p, T v) {
+  gpucoll_emu_global_access(p, sizeof(T), 1);
+  *p = v;
 }
