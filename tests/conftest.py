@@ -57,7 +57,7 @@ os.environ.setdefault("GPUCOLL_EMU_SEED", str(int.from_bytes(os.urandom(4), "lit
 
 # The host fence (GPUCOLL_EMU_HOST_FENCE: device memory closed to the process while the device is idle, so that host
 # code touching it segfaults as on a GPU) costs an mprotect over every mapped page at each idle/busy transition: the
-# whole emulated suite took 667 s with it against 595 s without (2026-11-28). CI runs it on a sample, the ranks that
+# whole emulated suite took 667 s with it everywhere against 558 s with it on this sample (2026-11-28). CI runs it on a sample, the ranks that
 # the NCCL and group tests spawn (the NCCL stand-in's bootstrap is where it found host code in device memory), and
 # --thorough everywhere. runtime_checks (tests/emulation/native) always has it.
 _HOST_FENCE_SAMPLE = ("nccl", "groups")

@@ -108,7 +108,8 @@ const std::vector<ConfigVar>& config_vars() {
        "GPUCOLL_EMU_SEED, so that streams interleave differently from run to run and a missing dependency shows "
        "(the GPU test suite sets it; 0: none)."},
       {"GPUCOLL_EMU_SEED", VarType::kInt, "0",
-       "Emulated device: the seed of GPUCOLL_EMU_JITTER_US's delays. The same seed replays the same delays."},
+       "Emulated device: the seed of GPUCOLL_EMU_JITTER_US's delays and GPUCOLL_EMU_SHUFFLE_THREADS's thread order "
+       "and switch points. The same seed replays the same draws."},
       {"GPUCOLL_EMU_SHUFFLE_THREADS", VarType::kBool, "0",
        "Emulated device: start each turn of a block's threads at a thread drawn from GPUCOLL_EMU_SEED instead of "
        "thread 0, and give way to the block's other threads after a drawn number (1 to 16) of global accesses, so "

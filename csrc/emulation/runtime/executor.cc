@@ -368,14 +368,19 @@ void slot_main(DeviceExec* d, Slot* slot) {
 // one is busy (at most one per block the device can hold, so the count follows the kernels' occupancy).
 void dispatch(DeviceExec* d) {
   size_t i = 0;
-  while (!d->queue.empty()) {
+  std::shared_ptr<GridRun> g;
+  uint64_t index = 0;
+  int sm = -1;
+  while (take_block(d, &g, &index, &sm)) {
     while (i < d->slots.size() && d->slots[i]->busy) ++i;
     if (i == d->slots.size()) {
       d->slots.push_back(new Slot());  // never freed, like its thread
       std::thread(slot_main, d, d->slots.back()).detach();
     }
     Slot* slot = d->slots[i];
-    if (!take_block(d, &slot->grid, &slot->index, &slot->sm)) return;
+    slot->grid = std::move(g);
+    slot->index = index;
+    slot->sm = sm;
     slot->busy = true;
     slot->cv.notify_one();
   }

@@ -13,7 +13,7 @@
 // where such bugs live: reading a result after a synchronise instead of copying it back. One region makes the
 // toggle one mprotect call, whatever the number of allocations; its cost still grows with the mapped pages (every
 // page-table entry changes, and the other cores' TLBs are flushed): the emulated GPU suite took 667 s with the fence
-// everywhere against 595 s without, so it is a mode, on for a sample of the suite and everywhere in the thorough run.
+// everywhere against 558 s with it on a sample, so it is a mode, on for a sample of the suite and everywhere in the thorough run.
 #include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>

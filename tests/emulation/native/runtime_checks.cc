@@ -542,9 +542,9 @@ int run_host_touch() {
   return 42;
 }
 
-int spawn_child(const std::string& handle, const char* mode) {
-  std::vector<std::string> argv_s = {g_self, handle == "--fault" ? "--fault" : "--child", mode};
-  if (handle != "--fault") argv_s.insert(argv_s.begin() + 2, handle);
+// Runs this program again with `args`; its exit status, or 128 + the signal that killed it.
+int spawn_self(std::vector<std::string> argv_s) {
+  argv_s.insert(argv_s.begin(), g_self);
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -554,6 +554,8 @@ int spawn_child(const std::string& handle, const char* mode) {
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -2;
 }
+
+int spawn_child(const std::string& handle, const char* mode) { return spawn_self({"--child", handle, mode}); }
 
 bool ipc_between_processes() {
   int* d = nullptr;
@@ -578,7 +580,7 @@ bool ipc_between_processes() {
 
 bool faults_are_sticky_errors() {
   for (const char* kind : {"0", "1", "2", "3"}) {
-    const int rc = spawn_child("--fault", kind);
+    const int rc = spawn_self({"--fault", kind});
     if (rc != 0) std::printf("  fault kind %s: child exited with %d\n", kind, rc);
     EXPECT(rc == 0);
   }
@@ -586,7 +588,7 @@ bool faults_are_sticky_errors() {
 }
 
 bool host_code_cannot_touch_idle_device_memory() {
-  const int rc = spawn_child("--fault", "4");
+  const int rc = spawn_self({"--fault", "4"});
   if (rc != 128 + SIGSEGV) std::printf("  child exited with %d (want %d: SIGSEGV)\n", rc, 128 + SIGSEGV);
   EXPECT(rc == 128 + SIGSEGV);
   return true;

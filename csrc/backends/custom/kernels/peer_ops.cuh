@@ -38,40 +38,38 @@ __device__ __forceinline__ Range block_slice(Range chunk) {
 // data is read once per call, so skipping it costs nothing.
 __device__ __forceinline__ uint4 ld_cg_pack(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
+// The unsigned integer of an element's size: what the cache-hinted intrinsics take (they have no half types).
+template <size_t kBytes>
+struct Bits;
+template <>
+struct Bits<2> {
+  using type = unsigned short;
+};
+template <>
+struct Bits<4> {
+  using type = unsigned int;
+};
+template <>
+struct Bits<8> {
+  using type = unsigned long long;
+};
+
 template <class T>
 __device__ __forceinline__ T ld_cg(const T* p) {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "element size");
+  using U = typename Bits<sizeof(T)>::type;
+  const U u = __ldcg(reinterpret_cast<const U*>(p));
   T v;
-  if constexpr (sizeof(T) == 2) {
-    const unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
-    memcpy(&v, &u, sizeof(v));
-  } else if constexpr (sizeof(T) == 4) {
-    const unsigned int u = __ldcg(reinterpret_cast<const unsigned int*>(p));
-    memcpy(&v, &u, sizeof(v));
-  } else {
-    const unsigned long long u = __ldcg(reinterpret_cast<const unsigned long long*>(p));
-    memcpy(&v, &u, sizeof(v));
-  }
+  memcpy(&v, &u, sizeof(v));
   return v;
 }
 
 // A plain store of one element (st.global.wb through its intrinsic, which the emulated device checks like a pack's).
 template <class T>
 __device__ __forceinline__ void st_elem(T* p, T v) {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "element size");
-  if constexpr (sizeof(T) == 2) {
-    unsigned short u;
-    memcpy(&u, &v, sizeof(u));
-    __stwb(reinterpret_cast<unsigned short*>(p), u);
-  } else if constexpr (sizeof(T) == 4) {
-    unsigned int u;
-    memcpy(&u, &v, sizeof(u));
-    __stwb(reinterpret_cast<unsigned int*>(p), u);
-  } else {
-    unsigned long long u;
-    memcpy(&u, &v, sizeof(u));
-    __stwb(reinterpret_cast<unsigned long long*>(p), u);
-  }
+  using U = typename Bits<sizeof(T)>::type;
+  U u;
+  memcpy(&u, &v, sizeof(u));
+  __stwb(reinterpret_cast<U*>(p), u);
 }
 
 // Up to kMaxRanks + 1 sources of one reduction, combined in list order.
