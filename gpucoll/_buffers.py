@@ -176,6 +176,9 @@ def _resolve_torch(x, arg: str) -> Buffer:
     if not x.is_contiguous():
         raise InvalidArgument(f"{arg} must be contiguous; got a tensor with shape {tuple(x.shape)} and strides "
                               f"{tuple(x.stride())} (call .contiguous())")
+    if x.is_neg():  # its memory holds -x: reducing it would give plausible, wrong numbers
+        raise InvalidArgument(f"{arg} is a lazily negated view (its memory holds the values negated); call "
+                              f".resolve_neg() first")
     device = str(x.device)
     return Buffer(x, "torch", int(x.data_ptr()), int(x.numel()), dtype, canonical, x.element_size(),
                   tuple(x.shape), device)

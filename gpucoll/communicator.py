@@ -312,6 +312,11 @@ class Communicator:
         work = self._run(ALL_REDUCE, algo, src, dst, src.count, redop, 0, stream, async_op)
         return _result(work, dst.obj) if async_op else dst.obj
 
+    def _torch_all_reduce(self, ops: dict):
+        """The backend's one native call for gpucoll.torch's dist.all_reduce (Host.torch_all_reduce), or None."""
+        make = getattr(self._ops, "torch_all_reduce", None)
+        return make(ops) if make is not None else None
+
     def broadcast(self, x, root=0, algo="auto", *, stream=None, async_op=False):
         """Copy root's `x` into `x` on every rank (in place); returns `x`."""
         self._check_open("broadcast")

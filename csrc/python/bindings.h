@@ -39,6 +39,28 @@ struct DeleteWithoutGil {
 template <class T>
 using NoGilHolder = std::unique_ptr<T, DeleteWithoutGil<T>>;
 
+// The host memory of a NumPy array or a CPU torch.Tensor in its plain case (host_array.cc): writable,
+// C-contiguous, non-empty, of a dtype the host backend reduces. read() is true and fills data, count and dtype
+// for one; false for anything else, before anything is touched (the Python path then decides and names the
+// problem). Made, read and destroyed with the GIL held: a NumPy array's buffer is released at destruction.
+class HostArrayView {
+ public:
+  HostArrayView() = default;
+  HostArrayView(const HostArrayView&) = delete;
+  HostArrayView& operator=(const HostArrayView&) = delete;
+  ~HostArrayView() { release(); }
+  bool read(pybind11::handle x);
+
+  void* data = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::kF32;
+
+ private:
+  void release();
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
 // The plain case of a __cuda_array_interface__ array (cuda_array.cc): where it is one, its pointer, element count,
 // dtype and the stream it is ordered on, and true; false for anything else (the Python path then decides).
 struct CudaArrayView {

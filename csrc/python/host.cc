@@ -17,23 +17,25 @@ namespace gpucoll::python {
 
 namespace {
 
-// The DType of a native-order buffer-protocol format, for the formats NumPy gives the dtypes the host backend
-// reduces; false for anything else (the caller then takes the Python path, which names the problem).
-bool native_dtype(const char* format, Py_ssize_t itemsize, DType* out) {
-  if (format == nullptr || format[0] == '\0' || format[1] != '\0') return false;
-  switch (format[0]) {
-    case 'e': *out = DType::kF16; return itemsize == 2;
-    case 'f': *out = DType::kF32; return itemsize == 4;
-    case 'd': *out = DType::kF64; return itemsize == 8;
-    case 'b': *out = DType::kI8; return itemsize == 1;
-    case 'B': *out = DType::kU8; return itemsize == 1;
-    case 'i': case 'l': case 'q':
-      if (itemsize == 4) *out = DType::kI32;
-      else if (itemsize == 8) *out = DType::kI64;
-      else return false;
-      return true;
-    default: return false;
-  }
+// all_reduce of `x` in place with the cost model's algorithm, if it is a plain host array (HostArrayView);
+// false, with nothing run, for anything else.
+bool all_reduce_now(host::HostComm& c, py::handle x, RedOp op, int local_size) {
+  HostArrayView view;  // destroyed after `nogil` below, with the GIL held again
+  if (!view.read(x)) return false;
+  host::CollArgs args;
+  args.coll = algo::Coll::kAllReduce;
+  args.in = view.data;
+  args.out = view.data;
+  args.count = view.count;
+  args.dtype = view.dtype;
+  args.op = op;
+  args.local_size = local_size;
+  args.auto_algo = true;
+  const int64_t nbytes = view.count * static_cast<int64_t>(dtype_size(view.dtype));
+  const algo::Algorithm& a = c.auto_algorithm(algo::Coll::kAllReduce, nbytes, local_size);
+  py::gil_scoped_release nogil;
+  c.run(args, a);
+  return true;
 }
 
 }  // namespace
@@ -107,38 +109,48 @@ void bind_host(py::module_& m) {
           py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::call_guard<py::gil_scoped_release>())
       .def(
           "all_reduce_array",
-          // Communicator.all_reduce(x) in place on a NumPy array with algo="auto": one crossing for what the Python
-          // layers otherwise do in several (buffer, dtype, placement, algorithm, run), which cost 6x the run itself
-          // at 8 B (bench/dispatch_overhead.py). Anything unusual (another format or byte order, read-only,
-          // strided, empty) returns false before touching anything, and the Python path raises its typed error.
-          [](HostComm& c, py::handle x, RedOp op, int local_size) {
-            Py_buffer view;
-            if (PyObject_GetBuffer(x.ptr(), &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+          // Communicator.all_reduce(x) in place on a NumPy array or a CPU torch.Tensor with algo="auto": one
+          // crossing for what the Python layers otherwise do in several (buffer, dtype, placement, algorithm, run),
+          // which cost 6x the run itself at 8 B (bench/dispatch_overhead.py). Anything unusual (another type,
+          // format or byte order, read-only, strided, empty) returns false before touching anything, and the
+          // Python path raises its typed error.
+          [](HostComm& c, py::handle x, RedOp op, int local_size) { return all_reduce_now(c, x, op, local_size); },
+          py::arg("x"), py::arg("op"), py::arg("local_size"))
+      .def(
+          "all_reduce_torch",
+          // gpucoll.torch's ProcessGroup.allreduce(tensors, opts) as dist.all_reduce(t) calls it, read here as it
+          // comes: one tensor, waited for at once (opts.asyncOp false: torch >= 2.7). `ops` maps hash(opts.reduceOp),
+          // which torch makes its RedOpType's value, to gpucoll's op (gpucoll/torch/_reduce.py checks that premise
+          // and leaves out PREMUL_SUM). Reading torch's arguments in Python cost as much as the run at 8 B. Any other
+          // call, op or tensor returns false having run nothing; the process group's general path then runs it.
+          [](HostComm& c, const py::dict& ops, int local_size, py::handle tensors, py::handle opts) {
+            PyObject* list = tensors.ptr();
+            PyObject* x = nullptr;
+            if (PyList_Check(list) && PyList_GET_SIZE(list) == 1) x = PyList_GET_ITEM(list, 0);
+            else if (PyTuple_Check(list) && PyTuple_GET_SIZE(list) == 1) x = PyTuple_GET_ITEM(list, 0);
+            if (x == nullptr) return false;
+            static PyObject* const kAsyncOp = PyUnicode_InternFromString("asyncOp");  // made once: kept
+            static PyObject* const kReduceOp = PyUnicode_InternFromString("reduceOp");
+            const py::object async_op = py::reinterpret_steal<py::object>(PyObject_GetAttr(opts.ptr(), kAsyncOp));
+            const py::object op = py::reinterpret_steal<py::object>(PyObject_GetAttr(opts.ptr(), kReduceOp));
+            if (async_op.ptr() != Py_False || !op) {
               PyErr_Clear();
               return false;
             }
-            // Released after the run, with the GIL held again (the guard below is destroyed first).
-            struct Release {
-              Py_buffer* v;
-              ~Release() { PyBuffer_Release(v); }
-            } release{&view};
-            DType dtype;
-            if (!native_dtype(view.format, view.itemsize, &dtype) || view.len <= 0) return false;
-            host::CollArgs args;
-            args.coll = algo::Coll::kAllReduce;
-            args.in = view.buf;
-            args.out = view.buf;
-            args.count = static_cast<int64_t>(view.len / view.itemsize);
-            args.dtype = dtype;
-            args.op = op;
-            args.local_size = local_size;
-            args.auto_algo = true;
-            const algo::Algorithm& a = c.auto_algorithm(algo::Coll::kAllReduce, view.len, local_size);
-            py::gil_scoped_release nogil;
-            c.run(args, a);
-            return true;
+            const Py_hash_t h = PyObject_Hash(op.ptr());
+            if (h == -1) {
+              PyErr_Clear();
+              return false;
+            }
+            const py::object key = py::reinterpret_steal<py::object>(PyLong_FromSsize_t(h));
+            PyObject* gop = key ? PyDict_GetItemWithError(ops.ptr(), key.ptr()) : nullptr;  // borrowed
+            if (gop == nullptr) {
+              PyErr_Clear();
+              return false;
+            }
+            return all_reduce_now(c, x, py::cast<RedOp>(gop), local_size);
           },
-          py::arg("x"), py::arg("op"), py::arg("local_size"))
+          py::arg("ops"), py::arg("local_size"), py::arg("tensors"), py::arg("opts"))
       .def("barrier", &HostComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def(
           "p2p",

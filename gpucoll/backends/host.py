@@ -10,11 +10,10 @@ picked by the host cost model (``_C.select_algorithm``, or ``algo=``), and run; 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import socket
-
-import numpy as np
 
 from gpucoll import _buffers
 from gpucoll._native import _C
@@ -64,14 +63,21 @@ class Host(Backend):
 
     # -- operations -----------------------------------------------------------------------------------------------
     def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
-        """all_reduce(x) in place of a NumPy array with algo='auto' and a lower-case op name, in one native call;
-        False where anything else was asked, a group() is open or the native call declines (anything unusual), and
-        the general path then runs the call and raises its typed errors."""
-        if (type(x) is not np.ndarray or stream is not None or async_op is not False or type(algo) is not str
-                or algo != "auto" or type(op) is not str or self._group is not None):
+        """all_reduce(x) in place of a NumPy array or a CPU torch.Tensor with algo='auto' and a lower-case op name, in
+        one native call; False where anything else was asked, a group() is open or the native call declines (another
+        type, anything unusual), and the general path then runs the call and raises its typed errors."""
+        if (stream is not None or async_op is not False or type(algo) is not str or algo != "auto"
+                or type(op) is not str or self._group is not None):
             return False
         redop = FAST_OPS.get(op)
         return redop is not None and self.impl.all_reduce_array(x, redop, self.local_size)
+
+    def torch_all_reduce(self, ops: dict):
+        """gpucoll.torch's dist.all_reduce(t) in one native call: `now(tensors, opts)` reads torch's arguments as they
+        come and runs, or returns False having run nothing (HostComm.all_reduce_torch). `ops`: hash(ReduceOp) to
+        gpucoll's op name."""
+        return functools.partial(self.impl.all_reduce_torch, {h: FAST_OPS[name] for h, name in ops.items()},
+                                 self.local_size)
 
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         if stream is not None:

@@ -79,10 +79,10 @@ class WithHost(Backend):
 
     # -- operations -----------------------------------------------------------------------------------------------
     def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
-        """The one-call path of the backend x belongs to: NumPy arrays on the host backend's once it is built and no
-        group() is open (the general path builds it and joins it to the group), other arrays on the GPU backend's
-        where it has one. False sends the call down the general path."""
-        if type(x) is np.ndarray:
+        """The one-call path of the backend x belongs to: NumPy arrays and CPU torch tensors on the host backend's once
+        it is built and no group() is open (the general path builds it and joins it to the group), other arrays on
+        the GPU backend's where it has one. False sends the call down the general path."""
+        if type(x) is np.ndarray or getattr(x, "is_cpu", False) is True:
             host = self.host
             return host is not None and self._stack is None and host.fast_all_reduce(x, op, algo, stream, async_op)
         fast = getattr(self.gpu, "fast_all_reduce", None)

@@ -63,9 +63,10 @@ class _Call:
 
     def out(self, t: torch.Tensor, keep: bool = False) -> torch.Tensor:
         """`t` as a contiguous tensor to write into: `t` itself, or for a strided `t` a contiguous one copied back
-        into it at the end (holding `t`'s values first when `keep`: an in-place operation reads them)."""
-        if t.is_contiguous():
+        into it at the end (holding `t`'s values first when `keep`: an in-place operation reads them). A lazily
+        negated view (torch._neg_view: its memory holds -t) is such a `t` too."""
+        if t.is_contiguous() and not t.is_neg():
             return t
-        tmp = t.contiguous() if keep else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        tmp = t.resolve_neg().contiguous() if keep else torch.empty(t.shape, dtype=t.dtype, device=t.device)
         self.writebacks.append((t, tmp))
         return tmp

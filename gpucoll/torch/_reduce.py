@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 import torch._C._distributed_c10d as c10d
+import torch.distributed as dist
 
 from gpucoll.backends.work import premul_sum
-from gpucoll.errors import InvalidArgument, Unsupported
+from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, RemoteError, Unsupported
 from gpucoll.torch._call import _op_name, _premul_factor
+from gpucoll.torch.errors import torch_error, translates_itself
 from gpucoll.torch.work import Work
 
 # dtypes gpucoll reduces; every other dtype is moved as bytes by the copying collectives.
@@ -23,11 +25,28 @@ _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "PREMUL_SUM": "premul_sum"}
 _BITWISE = ("BAND", "BOR", "BXOR")
-# The one-call path of a CPU all_reduce (ReduceMixin._allreduce_now): the ops that mean the same on every dtype it
-# takes, and the dtypes that have a NumPy twin (the host backend's one-call all_reduce takes NumPy arrays).
-# (ReduceOp == kind is 0.2 us; naming the op through _op_name is 5 us, as much as the whole reduction.)
-_NOW_OPS = tuple((getattr(c10d.ReduceOp.RedOpType, name), gop) for name, gop in _OPS.items() if name != "PREMUL_SUM")
-_NOW_DTYPES = frozenset(_REDUCIBLE) - {torch.bfloat16}  # NumPy has no bfloat16
+
+
+def _now_ops() -> dict:
+    """The one-call path of a CPU all_reduce (ReduceMixin.allreduce): gpucoll's op name for each torch ReduceOp that
+    means the same on every dtype, keyed by hash(ReduceOp), which torch makes its RedOpType's value: the native call
+    reads the op with one hash where Python compared it with each kind (0.13 us each; naming it through _op_name is
+    5 us, more than the whole reduction). Empty, and the path off, where the hashes do not tell every kind apart
+    (PREMUL_SUM included: taken for a SUM, it would be silently wrong)."""
+    ops = {}
+    for name, kind in c10d.ReduceOp.RedOpType.__members__.items():
+        try:
+            ops[name] = c10d.ReduceOp(kind) if name != "PREMUL_SUM" else dist._make_nccl_premul_sum(2.0)
+        except (AttributeError, RuntimeError):  # UNUSED, or a torch without the premul maker: nothing is known
+            if name != "UNUSED":
+                return {}
+    hashes = {hash(op): name for name, op in ops.items()}
+    if len(hashes) != len(ops):
+        return {}
+    return {h: _OPS[name] for h, name in hashes.items() if name in _OPS and name != "PREMUL_SUM"}
+
+
+_NOW_OPS = _now_ops()
 
 
 class ReduceMixin:
@@ -78,13 +97,30 @@ class ReduceMixin:
         return premul_sum(float(factor))
 
     # -- all_reduce -----------------------------------------------------------------------------------------------
+    @translates_itself
     def allreduce(self, tensors, opts=None):
-        if opts is None:
-            opts = c10d.AllreduceOptions()
-        if len(tensors) == 1 and not getattr(opts, "asyncOp", True):
-            done = self._allreduce_now(tensors[0], opts.reduceOp)
-            if done is not None:
-                return done
+        try:
+            if opts is None:
+                opts = c10d.AllreduceOptions()
+            else:
+                # dist.all_reduce(t) waited for at once, once the group's host communicator exists and nothing is
+                # queued before it: one native call reads torch's arguments and runs a plain CPU tensor of a dtype
+                # the host backend reduces, with an op that means the same on all of them. It declines anything
+                # else, having run nothing, and the general path below runs the call with the same result.
+                host = self._host
+                if host is not None and not self._p2p and self._worker.idle and not host[0]._closed:
+                    try:
+                        if host[1](tensors, opts):
+                            return self._done.get(tensors)
+                    except (CollectiveTimeout, RemoteError) as e:
+                        host[0]._failure(e)  # as Communicator.all_reduce records it: the flight recorder's dump
+                        raise
+            return self._allreduce(tensors, opts)
+        except GpucollError as e:
+            torch_error(e)
+            raise
+
+    def _allreduce(self, tensors, opts):
         if self._delegate("all_reduce", tensors):
             return self._cpu_backend.allreduce(tensors, opts)
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
@@ -93,24 +129,6 @@ class ReduceMixin:
             # asyncOp (torch >= 2.7) is False when the caller waits at once: then the worker thread gains nothing.
             return self._allreduce_one("all_reduce", tensors[0], opts.reduceOp, getattr(opts, "asyncOp", True))
         return self._allreduce_list(tensors, opts.reduceOp)
-
-    def _allreduce_now(self, t, op):
-        """`dist.all_reduce(t)` waited for at once (asyncOp False) on a contiguous CPU tensor whose dtype NumPy has,
-        with a plain op, once the group's CPU communicator exists and nothing is queued before it: one call of the
-        host backend's all_reduce on a NumPy view of `t` (its one-call path), a completed Work. None where anything
-        else applies (the general path below then runs it, with the same result)."""
-        comm = self._comms.get("cpu")
-        if (comm is None or not self._cpu_routed or self._cpu_backend is not None or self._p2p or not self._worker.idle
-                or not t.is_cpu or t.dtype not in _NOW_DTYPES or t.layout != torch.strided or not t.is_contiguous()
-                or t.is_neg()):
-            return None
-        for kind, gop in _NOW_OPS:
-            if op == kind:
-                break
-        else:
-            return None
-        comm.all_reduce((t.detach() if t.requires_grad else t).numpy(), op=gop)
-        return Work([t])
 
     def _allreduce_one(self, what, tensor, op, background=False) -> Work:
         if (background and self._background and tensor.device.type == "cpu" and tensor.is_contiguous()

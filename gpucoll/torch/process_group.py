@@ -47,10 +47,10 @@ from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds
 from gpucoll.torch._cpu_fallback import cpu_backend_from_caller, gloo_group, log_gloo_across_machines, machines
 from gpucoll.torch._gather import GatherMixin
 from gpucoll.torch._p2p import PointToPointMixin
-from gpucoll.torch._reduce import ReduceMixin
+from gpucoll.torch._reduce import _NOW_OPS, ReduceMixin
 from gpucoll.torch._worker import Worker
 from gpucoll.torch.errors import raise_torch_errors_from, raises_torch_errors
-from gpucoll.torch.work import Work
+from gpucoll.torch.work import DoneWorks, Work
 
 __all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "create"]
 
@@ -63,6 +63,8 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         self._store = store
         self._timeout = _seconds(timeout)
         self._comms = {}
+        self._host = None  # (Communicator, its one native call) of CPU tensors once made, unless they go to gloo
+        self._done = DoneWorks()  # the Works of that one-call path
         self._lock = threading.Lock()
         self._p2p = []  # queued (send, peer, tensor, Work, tag)
         self._cpu_backend = cpu_backend  # the torch backend CPU tensors go to ("cpu:gloo,cuda:gpucoll"), or None
@@ -184,6 +186,9 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                     comm = init_from_store(store, self.rank(), self.size(), timeout=self._timeout, device=index,
                                            backend="auto" if index is not None else "host")
                 self._comms[key] = comm
+                if key == "cpu" and self._cpu_backend is None:
+                    now = comm._torch_all_reduce(_NOW_OPS) if _NOW_OPS else None
+                    self._host = (comm, now) if now is not None else None
                 _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
         return comm
 
@@ -323,7 +328,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         except Exception as e:  # noqa: BLE001 - teardown never raises
             _log.debug(f"stopping the gpucoll worker thread failed: {e}")
         self._closed = True
-        comms, self._comms = dict(self._comms), {}
+        comms, self._comms, self._host = dict(self._comms), {}, None
         for comm in comms.values():
             try:
                 comm.close()
@@ -336,7 +341,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 _log.debug(f"shutting down the CPU backend failed: {e}")
 
     def abort(self) -> None:
-        comms, self._comms = dict(self._comms), {}
+        comms, self._comms, self._host = dict(self._comms), {}, None
         self._closed = True
         for comm in comms.values():
             try:

@@ -21,14 +21,16 @@ Three kinds of completion meet here:
 
 from __future__ import annotations
 
+import sys
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
 
 from gpucoll.torch.errors import raise_torch_errors_from, torch_error
 
-__all__ = ["Work"]
+__all__ = ["DoneWorks", "Work"]
 
 
 def _value_or_raise(source):
@@ -38,20 +40,43 @@ def _value_or_raise(source):
 class Work(dist._Work):
     """One operation of a gpucoll process group, as torch sees it."""
 
+    # What a completed host operation has; __init__ sets only what differs (Work.done is on dist.all_reduce's
+    # one-call path, where each attribute set is a tenth of the call).
+    _done = None  # threading.Event set by the group's worker thread (background operations)
+    _lock = None  # guards _done/_future/_source_future (background operations)
+    _pending = None  # the group whose p2p queue holds this operation, until it is flushed
+    _gworks = ()  # gpucoll Works (nccl): their wait() raises the communicator's failure
+    _event = None  # torch.cuda.Event recorded after everything this operation enqueued
+    _device = None  # torch.device of a CUDA operation, else None
+    _deps = ()  # torch Works of a delegate backend (cpu:gloo) this one stands for
+    _error = None
+    _future = None  # what get_future() returned
+    _source_future = None  # its source, while the worker has yet to complete it
+    _source = None  # a recv's source rank in the group (a recv from any source: known once it ran)
+
     def __init__(self, outputs, *, pending=None, gworks=(), event=None, device=None, deps=(), background=False):
         super().__init__()
-        self._done = threading.Event() if background else None  # set by the group's worker thread
-        self._lock = threading.Lock() if background else None
+        if background:
+            self._done = threading.Event()
+            self._lock = threading.Lock()
         self._outputs = list(outputs)
-        self._pending = pending  # the group whose p2p queue holds this operation, until it is flushed
-        self._gworks = tuple(gworks)  # gpucoll Works (nccl): their wait() raises the communicator's failure
-        self._event = event  # torch.cuda.Event recorded after everything this operation enqueued
-        self._device = device  # torch.device of a CUDA operation, else None
-        self._deps = tuple(deps)  # torch Works of a delegate backend (cpu:gloo) this one stands for
-        self._error = None
-        self._future = None  # what get_future() returned
-        self._source_future = None  # its source, while the worker has yet to complete it
-        self._source = None  # a recv's source rank in the group (a recv from any source: known once it ran)
+        if pending is not None:
+            self._pending = pending
+        if gworks:
+            self._gworks = tuple(gworks)
+        if event is not None:
+            self._event, self._device = event, device
+        elif device is not None:
+            self._device = device
+        if deps:
+            self._deps = tuple(deps)
+
+    @classmethod
+    def done(cls, outputs: list):
+        """The Work of an operation that finished before the call returned (host), holding the list `outputs`."""
+        work = _Done()
+        work._outputs = outputs
+        return work
 
     # Called by the group when it flushed (or failed to flush) the p2p queue holding this operation.
     def _settled(self, error=None) -> None:
@@ -176,3 +201,31 @@ class Work(dist._Work):
 
 # A failure that wait() and the rest raise is torch's type as well as gpucoll's (gpucoll/torch/errors.py).
 raise_torch_errors_from(Work, private=("_source_rank",))
+
+
+class _Done(Work):
+    """Work.done's: the same Work, made without __init__'s arguments (torch's base must still be initialised)."""
+
+    __init__ = dist._Work.__init__
+
+
+class DoneWorks:
+    """The completed Works of one process group's one-call path (ReduceMixin.allreduce). The Work of the last call
+    is handed out again while nothing but this holds it: dist.all_reduce(t) waits on its Work and drops it, and
+    making a new one is a fifth of that call. Any holder keeps its Work from being reused: a Python reference
+    (torch's C++ side holds a Python Work through one), or a weak reference."""
+
+    __slots__ = ("_spare",)
+
+    def __init__(self):
+        self._spare = None
+
+    def get(self, outputs: list) -> Work:
+        work = self._spare
+        # 3: the slot, `work`, getrefcount's argument.
+        if work is not None and sys.getrefcount(work) == 3 and not weakref.getweakrefcount(work):
+            work._outputs = outputs
+            work._future = None
+            return work
+        work = self._spare = Work.done(outputs)
+        return work

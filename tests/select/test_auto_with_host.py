@@ -8,6 +8,8 @@ one-call path of the backend x belongs to, and backend='nccl' still refusing Num
 
 from __future__ import annotations
 
+import importlib.util
+
 import gpu_arrays
 import helpers
 import numpy as np
@@ -75,16 +77,24 @@ def _one_call(comm) -> list:
         comm.all_reduce(y)
         d = PUT(np.full(5, r + 1, np.float32))
         comm.all_reduce(d)
+        t = None
+        if importlib.util.find_spec("torch") is not None:  # a CPU tensor is the host backend's too
+            import torch
+
+            t = torch.full((5,), float(r + 1))
+            comm.all_reduce(t)
     finally:
         gpu_cls.fast_all_reduce, host_cls.fast_all_reduce = gpu_real, host_real
     want = [P * (P + 1) / 2] * 5
-    return [taken, x.tolist() == want and y.tolist() == want and GET(d).tolist() == want]
+    return [taken, x.tolist() == want and y.tolist() == want and GET(d).tolist() == want
+            and (t is None or t.tolist() == want)]
 
 
 def test_auto_takes_each_backends_one_call_path():
     gpu_arrays.require_nccl_ranks(3)
     for taken, exact in gpucoll.spawn(_one_call, 3, backend="auto", timeout=120.0):
-        assert exact and taken == [("host", True), ("gpu", True)], taken
+        torch = [("host", True)] if importlib.util.find_spec("torch") is not None else []
+        assert exact and taken == [("host", True), ("gpu", True)] + torch, taken
 
 
 def test_auto_runs_cpu_and_cuda_buffers_on_one_communicator():

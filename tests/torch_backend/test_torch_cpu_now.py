@@ -1,9 +1,9 @@
-"""`dist.all_reduce(t)` on a CPU tensor, waited for at once: the torch backend's one-call path (ReduceMixin.
-_allreduce_now: a NumPy view of `t` straight to the host backend's one-call all_reduce) must give exactly what the
+"""`dist.all_reduce(t)` on a CPU tensor, waited for at once: the torch backend's one-call path (ReduceMixin.allreduce:
+`t` straight to the host backend's one-call all_reduce, which reads the tensor in C++) must give exactly what the
 general path gives, for every dtype and op it takes, and must step aside (the general path runs) wherever its
-conditions do not hold: async_op, a queued background all_reduce before it, a non-contiguous or grad-requiring
-tensor, bfloat16, PREMUL_SUM. Each rank counts the one-call path's calls (a spy on the communicator's fast path), so
-a path that silently stopped being taken fails here too."""
+conditions do not hold: async_op, a queued background all_reduce before it, a non-contiguous or lazily negated
+tensor, PREMUL_SUM. Each rank counts the one-call path's calls (a spy on the communicator's fast path), so a path that
+silently stopped being taken fails here too."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.spawns
 
 P = 4  # a power of two: AVG pre-multiplies floats by 1/P (as ncclAvg), exact only then
 # dtype, op, values of rank r at element i (small integers: exact in every dtype), and the expected reduction
-DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT")
 
 
@@ -36,7 +36,7 @@ def _want(op: str, i: int, P: int, dtype: str) -> float:
             out *= v
         return out % 256 if dtype == "uint8" else out
     total = sum(vals)
-    return total / P if dtype.startswith("float") else int(total / P)  # integers truncate toward zero
+    return total / P if "float" in dtype else int(total / P)  # integers truncate toward zero
 
 
 def _worker(rank, world_size):
@@ -46,21 +46,26 @@ def _worker(rank, world_size):
     from gpucoll.backends.host import Host
 
     taken = []
-    real = Host.fast_all_reduce
+    real = Host.torch_all_reduce
 
-    def spy(self, x, op, algo, stream, async_op):
-        done = real(self, x, op, algo, stream, async_op)
-        taken.append(bool(done))
-        return done
+    def spy(self, ops):  # what the group calls its one native call with, counted on the caller's thread
+        now = real(self, ops)
 
-    Host.fast_all_reduce = spy
+        def counted(tensors, opts):
+            done = now(tensors, opts)
+            taken.append(bool(done))
+            return done
+
+        return counted
+
+    Host.torch_all_reduce = spy
     n = 11
     out = {"results": {}, "now": {}}
     dist.all_reduce(torch.zeros(1))  # the group's CPU communicator comes with the first operation
-    for dtype in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"):
+    for dtype in DTYPES:
         for op in ("SUM", "AVG", "MAX", "MIN", "PRODUCT"):
-            if dtype == "int8" and op == "PRODUCT":
-                continue  # 3 * 6 * 9 ... overflows int8; the products are checked on the other dtypes
+            if dtype in ("int8", "bfloat16") and op == "PRODUCT":
+                continue  # 3 * 6 * 9 ... overflows int8 and is inexact in bfloat16; the other dtypes check products
             t = torch.tensor([_value(rank, i) for i in range(n)], dtype=getattr(torch, dtype))
             del taken[:]
             dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
@@ -88,12 +93,16 @@ def _worker(rank, world_size):
     del taken[:]
     dist.all_reduce(b)
     steps["bfloat16"] = (b.float().tolist(), list(taken))
+    neg = torch._neg_view(torch.arange(4, dtype=torch.float32) + rank)  # its memory holds -(arange + rank)
+    del taken[:]
+    dist.all_reduce(neg)
+    steps["neg_view"] = (neg.tolist(), list(taken))
     pm = torch.full((4,), float(rank + 1))
     del taken[:]
     dist.all_reduce(pm, op=dist._make_nccl_premul_sum(2.0))
     steps["premul"] = (pm.tolist(), list(taken))
     out["steps"] = steps
-    Host.fast_all_reduce = real
+    Host.torch_all_reduce = real
     return out
 
 
@@ -116,6 +125,40 @@ def test_every_dtype_and_op_is_exact_and_takes_one_call():
         assert z == want_z, (z, want_z)
         assert True not in taken, f"rank {rank}: a strided tensor took the one-call path"
         assert s["grad"][0] == [float(total)] * 4 and s["grad"][1] == [True], s["grad"]
-        assert s["bfloat16"][0] == [float(total)] * 4 and s["bfloat16"][1] != [True], s["bfloat16"]
+        assert s["bfloat16"][0] == [float(total)] * 4 and s["bfloat16"][1] == [True], s["bfloat16"]
+        want_neg = [-(P * i + total - P) for i in range(4)]  # sum over r of -(i + r)
+        assert s["neg_view"][0] == want_neg and True not in s["neg_view"][1], s["neg_view"]
         assert s["premul"][0] == [2.0 * total] * 4 and s["premul"][1] != [True], s["premul"]
 
+
+
+def test_a_completed_work_is_reused_only_while_nothing_holds_it():
+    """DoneWorks hands the last Work out again once its caller dropped it (dist.all_reduce does), never while a
+    reference or a weak reference holds it, and a reused Work tells its new call's outputs, future included."""
+    import gc
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    from gpucoll.torch.work import DoneWorks
+
+    works = DoneWorks()
+    outs = [[torch.full((1,), float(i))] for i in range(5)]
+    first = works.get(outs[0])
+    assert first.get_future().value() == outs[0]
+    held = first
+    second = works.get(outs[1])
+    assert second is not held and held.result() == outs[0] and second.result() == outs[1]
+    assert held.get_future().value() == outs[0]
+    del first, held
+    gc.collect()
+    seen = id(second)
+    assert second.get_future().value() == outs[1]
+    del second
+    third = works.get(outs[2])  # nothing holds the last one: it is the same object, with the new call's outputs
+    assert id(third) == seen and third.result() == outs[2] and third.get_future().value() == outs[2]
+    assert third.wait() and third.is_completed() and third.exception() is None
+    weak = weakref.ref(third)
+    del third
+    fourth = works.get(outs[3])  # a weak reference holds it: a new Work (the old one then dies, or still tells outs[2])
+    old = weak()
+    assert fourth.result() == outs[3] and (old is None or (old is not fourth and old.result() == outs[2]))
