@@ -6,6 +6,7 @@ communicators that split, shrink and grow make)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from gpucoll import _buffers, _log, backends, config, flight_recorder
 from gpucoll import group as groups
@@ -25,7 +26,15 @@ from gpucoll.backends.with_host import WithHost, host_maker
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo
 from gpucoll.bootstrap.store import TCPStore
-from gpucoll.errors import CollectiveTimeout, InternalError, InvalidArgument, InvalidUsage, RemoteError, Unsupported
+from gpucoll.errors import (
+    CollectiveTimeout,
+    GpucollError,
+    InternalError,
+    InvalidArgument,
+    InvalidUsage,
+    RemoteError,
+    Unsupported,
+)
 from gpucoll.stragglers import Stragglers
 
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -481,10 +490,23 @@ class Communicator:
     def _run(self, coll: int, algo, src, dst, count: int, redop, root: int, stream=None, async_op=False):
         """Hands one collective to the backend; returns its Work for async_op where the operation may still run."""
         try:
-            return self._ops.collective(coll, algo, src, dst, count, redop, root, stream, async_op)
+            work = self._ops.collective(coll, algo, src, dst, count, redop, root, stream, async_op)
         except (CollectiveTimeout, RemoteError) as e:
             self._failure(e)
             raise
+        if async_op and hasattr(work, "add_done_callback"):  # it runs on another thread (the host backend's)
+            work.add_done_callback(functools.partial(self._ended, work))
+        return work
+
+    def _ended(self, work) -> None:
+        """An operation that ran on another thread ended (on that thread): its failure is recorded as a synchronous
+        one's is; wait() raises it to the caller."""
+        try:
+            work.is_completed()
+        except (CollectiveTimeout, RemoteError) as e:
+            self._failure(e)
+        except GpucollError:
+            pass  # the caller's wait() raises it
 
     def _failure(self, e) -> None:
         """A collective timed out or a peer failed: remember the ranks it names (what shrink() knows of dead ranks

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/completion.h"
 #include "core/flight_recorder.h"
 #include "core/stragglers.h"
 #include "core/types.h"
@@ -71,6 +72,37 @@ struct CudaArrayView {
 };
 bool cuda_array_view(pybind11::handle x, CudaArrayView* out);
 
+// work.cc: whether threads of gpucoll's may still take the GIL (false once the interpreter exits).
+bool python_exiting();
+// A Python object held from C++ and released on whichever thread drops it: with the GIL taken, or leaked once
+// python_exiting().
+class PyRefs {
+ public:
+  explicit PyRefs(pybind11::object obj) : obj_(std::move(obj)) {}
+  ~PyRefs();
+  PyRefs(const PyRefs&) = delete;
+  PyRefs& operator=(const PyRefs&) = delete;
+  const pybind11::object& get() const { return obj_; }
+
+ private:
+  pybind11::object obj_;
+};
+// gpucoll._C.Work (work.cc): an operation running on another thread, over its Completion.
+class NativeWork {
+ public:
+  explicit NativeWork(std::shared_ptr<Completion> done) : done_(std::move(done)) {}
+  void wait() const;  // releases the GIL; rethrows the operation's error
+  bool is_completed() const;
+  bool done() const { return done_->done(); }
+  void add_done_callback(pybind11::function fn);
+  pybind11::object result = pybind11::none();
+
+ private:
+  std::shared_ptr<Completion> done_;
+};
+// host.cc: every live host communicator's progress thread gets `seconds` to finish its queue (interpreter exit).
+void stop_host_progress(double seconds);
+
 // errors.cc: translates gpucoll::Error into gpucoll.errors classes (once, for every binding).
 void bind_errors(pybind11::module_& m);
 // core.cc: dtypes, ops, config registry, logging.
@@ -87,6 +119,8 @@ void bind_nccl(pybind11::module_& m);
 void bind_topo(pybind11::module_& m);
 // device_memory.cc: device memory gpucoll owns (gpucoll.testing.DeviceArray): copies, DLPack export.
 void bind_device_memory(pybind11::module_& m);
+// work.cc: gpucoll._C.Work, host_at_exit.
+void bind_work(pybind11::module_& m);
 // custom.cc: gpucoll's own allreduce kernels (host-side decisions everywhere; the communicator in CUDA builds).
 void bind_custom(pybind11::module_& m);
 

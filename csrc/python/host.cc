@@ -1,6 +1,8 @@
 #include <pybind11/stl.h>
 
+#include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "algo/registry.h"
@@ -32,11 +34,59 @@ bool all_reduce_now(host::HostComm& c, py::handle x, RedOp op, int local_size) {
   args.local_size = local_size;
   args.auto_algo = true;
   const int64_t nbytes = view.count * static_cast<int64_t>(dtype_size(view.dtype));
-  const algo::Algorithm& a = c.auto_algorithm(algo::Coll::kAllReduce, nbytes, local_size);
-  py::gil_scoped_release nogil;
-  c.run(args, a);
+  py::gil_scoped_release nogil;  // before anything of `c`'s: it first waits for its queued operations
+  c.run(args, c.auto_algorithm(algo::Coll::kAllReduce, nbytes, local_size));
   return true;
 }
+
+// The arguments of HostComm::run from the binding's, checked: the algorithm by name, no fp8.
+std::pair<host::CollArgs, const algo::Algorithm*> run_args(const std::string& algo_name, int coll, uintptr_t in,
+                                                           uintptr_t out, int64_t count, DType dtype, RedOp op,
+                                                           int root, int local_size, std::optional<double> premul,
+                                                           bool auto_algo) {
+  const algo::Algorithm* a = algo::find_algorithm(algo_name);
+  if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
+  if (dtype_is_fp8(dtype)) {
+    GPUCOLL_THROW(ErrorCode::kUnsupported, "", "the host backend has no ", dtype_name(dtype),
+                  " arithmetic: fp8 collectives need the nccl backend (NCCL >= 2.24, sm_90+)");
+  }
+  host::CollArgs args;
+  args.coll = static_cast<algo::Coll>(coll);
+  args.in = reinterpret_cast<const void*>(in);
+  args.out = reinterpret_cast<void*>(out);
+  args.count = count;
+  args.dtype = dtype;
+  args.op = op;
+  args.premul = premul.has_value();
+  args.premul_scalar = premul.value_or(1.0);
+  args.root = root;
+  args.local_size = local_size;
+  args.auto_algo = auto_algo;
+  return {args, a};
+}
+
+// Live host communicators, for host_at_exit (work.cc): their progress threads must be done with Python before
+// the interpreter is. The holder removes one as it deletes it (without the GIL: close() waits for the queue).
+std::mutex g_live_mu;
+std::set<host::HostComm*> g_live;
+
+struct HostCommDeleter {
+  void operator()(host::HostComm* c) const noexcept {
+    {
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      g_live.erase(c);
+    }
+    DeleteWithoutGil<host::HostComm>()(c);
+  }
+};
+}  // namespace
+
+void stop_host_progress(double seconds) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (host::HostComm* c : g_live) c->stop_progress_for(seconds);
+}
+
+namespace {
 
 }  // namespace
 
@@ -54,7 +104,7 @@ void bind_host(py::module_& m) {
       py::arg("dtype"), py::arg("nranks"),
       "The bytes of 1/nranks in dtype as avg pre-multiplies floating inputs by it (NCCL's ncclAvg); None for "
       "integer dtypes, whose avg divides the sum.");
-  py::class_<HostComm>(m, "HostComm")
+  py::class_<HostComm, std::unique_ptr<HostComm, HostCommDeleter>>(m, "HostComm")
       // handle=None creates the region (rank 0); otherwise (pid, fd, token0, token1) from the creator's `handle`.
       .def(py::init([](int rank, int nranks, double timeout_s,
                        std::optional<std::tuple<int64_t, int64_t, uint64_t, uint64_t>> handle) {
@@ -67,10 +117,17 @@ void bind_host(py::module_& m) {
              o.spin_us = config_int("GPUCOLL_HOST_SPIN_US");
              o.straggler_report = config_int("GPUCOLL_STRAGGLER_REPORT");
              o.trace_capacity = static_cast<int>(config_int("GPUCOLL_TRACE_BUFFER"));
-             if (!handle) return new HostComm(o, nullptr);
-             host::ShmHandle h;
-             std::tie(h.pid, h.fd, h.token[0], h.token[1]) = *handle;
-             return new HostComm(o, &h);
+             HostComm* c = nullptr;
+             if (!handle) {
+               c = new HostComm(o, nullptr);
+             } else {
+               host::ShmHandle h;
+               std::tie(h.pid, h.fd, h.token[0], h.token[1]) = *handle;
+               c = new HostComm(o, &h);
+             }
+             std::lock_guard<std::mutex> lock(g_live_mu);
+             g_live.insert(c);
+             return c;
            }),
            py::arg("rank"), py::arg("nranks"), py::arg("timeout_s"), py::arg("handle") = py::none(),
            py::call_guard<py::gil_scoped_release>())
@@ -84,29 +141,38 @@ void bind_host(py::module_& m) {
           "run",
           [](HostComm& c, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out, int64_t count,
              DType dtype, RedOp op, int root, int local_size, std::optional<double> premul, bool auto_algo) {
-            const algo::Algorithm* a = algo::find_algorithm(algo_name);
-            if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
-            if (dtype_is_fp8(dtype)) {
-              GPUCOLL_THROW(ErrorCode::kUnsupported, "", "the host backend has no ", dtype_name(dtype),
-                            " arithmetic: fp8 collectives need the nccl backend (NCCL >= 2.24, sm_90+)");
-            }
-            host::CollArgs args;
-            args.coll = static_cast<algo::Coll>(coll);
-            args.in = reinterpret_cast<const void*>(in);
-            args.out = reinterpret_cast<void*>(out);
-            args.count = count;
-            args.dtype = dtype;
-            args.op = op;
-            args.premul = premul.has_value();
-            args.premul_scalar = premul.value_or(1.0);
-            args.root = root;
-            args.local_size = local_size;
-            args.auto_algo = auto_algo;
+            const auto [args, a] =
+                run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo);
             c.run(args, *a);
           },
           py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
           py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "run_async",
+          // run() on the communicator's progress thread, after every operation called before it; returns a Work at
+          // once. `keep` (the buffers' Python objects) stays alive until the operation ended, whoever drops the
+          // Work: its memory is written meanwhile.
+          [](HostComm& c, py::object keep, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out,
+             int64_t count, DType dtype, RedOp op, int root, int local_size, std::optional<double> premul,
+             bool auto_algo) {
+            const auto [args, a] =
+                run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo);
+            auto refs = std::make_shared<PyRefs>(std::move(keep));
+            std::shared_ptr<Completion> done;
+            {
+              py::gil_scoped_release nogil;
+              // `c` outlives the task: close(), which its deletion calls, runs the queue out first.
+              done = c.submit([&c, args = args, a = a, refs = std::move(refs)]() mutable {
+                c.run(args, *a);
+                refs.reset();  // the buffers' owners may go once they hold the result
+              });
+            }
+            return std::make_shared<NativeWork>(std::move(done));
+          },
+          py::arg("keep"), py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
+          py::arg("premul") = py::none(), py::arg("auto_algo") = false)
       .def(
           "all_reduce_array",
           // Communicator.all_reduce(x) in place on a NumPy array or a CPU torch.Tensor with algo="auto": one
@@ -169,7 +235,7 @@ void bind_host(py::module_& m) {
             c.p2p(ops);
           },
           py::arg("ops"))
-      .def("close", &HostComm::close)
+      .def("close", &HostComm::close, py::call_guard<py::gil_scoped_release>())
       // Benchmarks and tests only (gpucoll-bench --compare unchecked): every rank between the same two calls.
       .def("_set_call_check", &HostComm::set_call_check, py::arg("on"))
       .def(

@@ -4,6 +4,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gpucoll native core (private; use the gpucoll package)";
   gpucoll::python::bind_errors(m);
   gpucoll::python::bind_core(m);
+  gpucoll::python::bind_work(m);
   gpucoll::python::bind_host(m);
   gpucoll::python::bind_trace(m);
   gpucoll::python::bind_algo(m);

@@ -9,6 +9,7 @@ picked by the host cost model (``_C.select_algorithm``, or ``algo=``), and run; 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -93,8 +94,14 @@ class Host(Backend):
         nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
-        self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul,
-                      algo is None or algo == "auto")
+        auto = algo is None or algo == "auto"
+        if async_op and self._group is None:
+            # On the communicator's progress thread, in call order with every other operation of it; src and dst
+            # stay alive until it ran (csrc/backends/host/progress.h).
+            return self.impl.run_async((src.obj, dst.obj), name, coll, src.ptr, dst.ptr, count, src.dtype, op, root,
+                                       self.local_size, premul, auto)
+        self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul, auto)
+        return None
 
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
         if stream is not None:
@@ -149,6 +156,13 @@ class Host(Backend):
         if not isinstance(algo, str):
             raise InvalidArgument(f"algo must be a string ('auto' or an algorithm name); got {algo!r}")
         return _C.select_algorithm(coll, self.world_size, nbytes, self.local_size, algo)
+
+
+# At interpreter exit the progress threads of host communicators still open get this long to finish what is queued
+# (their completion callbacks no longer run: no thread may take the GIL then); one stuck on a peer that never comes
+# is left to the process's end.
+_EXIT_WAIT_S = 10.0
+atexit.register(_C.host_at_exit, _EXIT_WAIT_S)
 
 
 # -- set-up -----------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ class AllToAllMixin:
         call = self._begin(what, [output, input])
         dst = call.out(output)
         if len(set(in_rows)) == 1 and len(set(out_rows)) == 1 and in_rows[0] == out_rows[0]:
-            call.track(call.comm.all_to_all(self._bytes(input.contiguous()), out=self._bytes(dst), async_op=True))
+            call.track(call.comm.all_to_all(self._bytes(input.contiguous()), out=self._bytes(dst), async_op=call.cuda))
             return self._finish(call, [output])
         # Uneven splits: one group of sends and receives (NCCL's own way; the host backend's group does the same).
         src = input.contiguous()

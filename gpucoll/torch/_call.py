@@ -57,9 +57,17 @@ class _Call:
         self.writebacks = []
 
     def track(self, result):
-        """Keeps the gpucoll Work of an async_op=True call (nccl); host calls finish before returning."""
+        """Keeps the gpucoll Work of an async_op=True call (CUDA; host calls are made synchronous: async_op=call.cuda)."""
         if self.cuda and result is not None and hasattr(result, "wait"):
             self.gworks.append(result)
+
+    def result(self, returned):
+        """What a collective called with async_op=self.cuda returned, as its synchronous call returns it (a CUDA
+        call's Work is kept: track)."""
+        if not self.cuda:
+            return returned
+        self.track(returned)
+        return returned.result()
 
     def out(self, t: torch.Tensor, keep: bool = False) -> torch.Tensor:
         """`t` as a contiguous tensor to write into: `t` itself, or for a strided `t` a contiguous one copied back

@@ -24,7 +24,7 @@ class GatherMixin:
             raise Unsupported(f"{what}: gpucoll takes one tensor per call; got {len(tensors)}")
         call = self._begin(what, tensors)
         buf = call.out(tensors[0], keep=self.rank() == root)
-        call.track(call.comm.broadcast(self._bytes(buf), root=root, async_op=True))
+        call.track(call.comm.broadcast(self._bytes(buf), root=root, async_op=call.cuda))
         return self._finish(call, list(tensors))
 
     # -- all_gather -----------------------------------------------------------------------------------------------
@@ -40,9 +40,7 @@ class GatherMixin:
         self._check_list(what, "tensor_list", outs, x)
         call = self._begin(what, [x, *outs])
         flat = self._bytes(x.contiguous())
-        work = call.comm.all_gather(flat, async_op=True)
-        call.track(work)
-        gathered = work.result().view(self.size(), -1)
+        gathered = call.result(call.comm.all_gather(flat, async_op=call.cuda)).view(self.size(), -1)
         for r, o in enumerate(outs):
             dst = call.out(o)
             self._bytes(dst).copy_(gathered[r])
@@ -61,7 +59,7 @@ class GatherMixin:
         call = self._begin(what, [output_tensor, input_tensor])
         dst = call.out(output_tensor)
         src = input_tensor.contiguous()
-        call.track(call.comm.all_gather(self._bytes(src), out=self._bytes(dst), async_op=True))
+        call.track(call.comm.all_gather(self._bytes(src), out=self._bytes(dst), async_op=call.cuda))
         return self._finish(call, [output_tensor])
 
     _allgather_base = all_gather_single  # torch <= 2.12
@@ -89,9 +87,7 @@ class GatherMixin:
         call = self._begin(what, [*input_list, *(o for outs in output_lists for o in outs)])
         flats = [self._bytes(x.contiguous()).view(torch.uint8) for x in input_list]
         packed = torch.cat(flats) if flats else torch.empty(0, dtype=torch.uint8, device=call.device)
-        work = call.comm.all_gather(packed, async_op=True)
-        call.track(work)
-        gathered = work.result().view(n, -1)
+        gathered = call.result(call.comm.all_gather(packed, async_op=call.cuda)).view(n, -1)
         for r, outs in enumerate(output_lists):
             offset = 0
             for o, f in zip(outs, flats):
@@ -125,10 +121,9 @@ class GatherMixin:
         elif outs:
             raise InvalidArgument(f"{what}: gather_list must be empty on non-root ranks")
         call = self._begin(what, [x, *outs])
-        work = call.comm.gather(self._bytes(x.contiguous()), root=root, async_op=True)
-        call.track(work)
+        got = call.result(call.comm.gather(self._bytes(x.contiguous()), root=root, async_op=call.cuda))
         if is_root:
-            got = work.result().view(self.size(), -1)
+            got = got.view(self.size(), -1)
             for r, o in enumerate(outs):
                 self._bytes(call.out(o)).copy_(got[r])
         return self._finish(call, [list(outs)] if is_root else [])
@@ -155,6 +150,6 @@ class GatherMixin:
             src = torch.cat([self._bytes(t.contiguous()) for t in ins])
         else:
             src = torch.empty(dst.numel() * self.size(), dtype=dst.dtype, device=dst.device)  # shape only
-        call.track(call.comm.scatter(src, out=dst, root=root, async_op=True))
+        call.track(call.comm.scatter(src, out=dst, root=root, async_op=call.cuda))
         return self._finish(call, [y])
 

@@ -116,7 +116,6 @@ class PointToPointMixin:
     # -- running the queue ----------------------------------------------------------------------------------------
     def _flush_p2p(self) -> None:
         """Runs every queued send/recv, one gpucoll group per device, in the order they were posted."""
-        self._drain()
         items, self._p2p = self._p2p, []
         if not items:
             return

@@ -103,12 +103,12 @@ class ReduceMixin:
             if opts is None:
                 opts = c10d.AllreduceOptions()
             else:
-                # dist.all_reduce(t) waited for at once, once the group's host communicator exists and nothing is
-                # queued before it: one native call reads torch's arguments and runs a plain CPU tensor of a dtype
+                # dist.all_reduce(t) waited for at once, once the group's host communicator exists and no send or
+                # recv is queued before it (queued all-reduces run first, in C++): one native call reads torch's arguments and runs a plain CPU tensor of a dtype
                 # the host backend reduces, with an op that means the same on all of them. It declines anything
                 # else, having run nothing, and the general path below runs the call with the same result.
                 host = self._host
-                if host is not None and not self._p2p and self._worker.idle and not host[0]._closed:
+                if host is not None and not self._p2p and not host[0]._closed:
                     try:
                         if host[1](tensors, opts):
                             return self._done.get(tensors)
@@ -137,26 +137,17 @@ class ReduceMixin:
         call = self._begin(what, [tensor])
         buf = call.out(tensor, keep=True)
         flat, gop, factor = self._reduce_args(what, op, buf)
-        call.track(call.comm.all_reduce(flat, op=self._gop(gop, factor), async_op=True))
+        call.track(call.comm.all_reduce(flat, op=self._gop(gop, factor), async_op=call.cuda))
         return self._finish(call, [tensor])
 
     def _allreduce_background(self, what, tensor, op) -> Work:
-        """A contiguous CPU all_reduce, run on the worker thread (argument errors are still raised here)."""
+        """A contiguous CPU all_reduce, run on the host communicator's progress thread (argument errors are still
+        raised here)."""
         flat, gop, factor = self._reduce_args(what, op, tensor)
         if self._p2p:
-            self._drain()
             self._flush_p2p()
-        comm = self._comms.get("cpu")
-        if comm is None:
-            self._drain()
-            comm = self.communicator("cpu", what=what)
-
-        gpucoll_op = self._gop(gop, factor)
-
-        def job():
-            comm.all_reduce(flat, op=gpucoll_op)
-
-        return self._worker.submit(job, [tensor])
+        comm = self.communicator("cpu", what=what)
+        return Work([tensor], native=comm.all_reduce(flat, op=self._gop(gop, factor), async_op=True))
 
     def _allreduce_sparse(self, t, op) -> Work:
         """A sparse COO all_reduce (SUM, CPU), as gloo does it: every rank's indices and values are gathered and the
@@ -165,7 +156,6 @@ class ReduceMixin:
         if _op_name(op) != "SUM" or t.device.type != "cpu":
             raise Unsupported(f"{what}: gpucoll reduces sparse COO tensors with SUM on CPU; got ReduceOp."
                               f"{_op_name(op)} on {t.device}")
-        self._drain()
         if self._p2p:
             self._flush_p2p()
         comm = self.communicator("cpu", what=what)
@@ -204,7 +194,7 @@ class ReduceMixin:
         else:
             local = stack.amin(0) if gop == "min" else stack.amax(0)
         local = local.to(flat.dtype)
-        call.track(call.comm.all_reduce(local, op="sum" if gop in ("avg", "premul_sum") else gop, async_op=True))
+        call.track(call.comm.all_reduce(local, op="sum" if gop in ("avg", "premul_sum") else gop, async_op=call.cuda))
         if gop == "avg":
             n = self.size() * len(tensors)
             local = local.div(n) if local.is_floating_point() else torch.div(local, n, rounding_mode="trunc")
@@ -229,7 +219,7 @@ class ReduceMixin:
             raise InvalidArgument(f"{what}: every tensor needs one dtype; got {sorted(map(str, dtypes))}")
         _, gop, factor = views[0]
         packed = torch.cat([v[0] for v in views])
-        call.track(call.comm.all_reduce(packed, op=self._gop(gop, factor), async_op=True))
+        call.track(call.comm.all_reduce(packed, op=self._gop(gop, factor), async_op=call.cuda))
         offset = 0
         for t in tensors:
             dst = call.out(t)
@@ -254,7 +244,7 @@ class ReduceMixin:
         # gpucoll leaves non-root inputs as they were; on root the result lands in `flat`, copied back to `t` where
         # `flat` is not `t` itself (a strided `t`).
         src = flat
-        call.track(call.comm.reduce(src, op=self._gop(gop, factor), root=root, async_op=True))
+        call.track(call.comm.reduce(src, op=self._gop(gop, factor), root=root, async_op=call.cuda))
         if is_root and src.data_ptr() != t.data_ptr():
             dst = call.out(t)
             (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1).copy_(src)
@@ -276,7 +266,7 @@ class ReduceMixin:
         _, gop, factor = parts[0]
         packed = torch.cat([p[0] for p in parts])
         dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(y))
-        call.track(call.comm.reduce_scatter(packed, out=dst, op=self._gop(gop, factor), async_op=True))
+        call.track(call.comm.reduce_scatter(packed, out=dst, op=self._gop(gop, factor), async_op=call.cuda))
         return self._finish(call, [y])
 
     def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
@@ -292,7 +282,7 @@ class ReduceMixin:
         call = self._begin(what, [output_tensor, input_tensor])
         src, gop, factor = self._reduce_args(what, opts.reduceOp, input_tensor.contiguous())
         dst, _, _ = self._reduce_args(what, opts.reduceOp, call.out(output_tensor))
-        call.track(call.comm.reduce_scatter(src, out=dst, op=self._gop(gop, factor), async_op=True))
+        call.track(call.comm.reduce_scatter(src, out=dst, op=self._gop(gop, factor), async_op=call.cuda))
         return self._finish(call, [output_tensor])
 
     _reduce_scatter_base = reduce_scatter_single  # torch <= 2.12

@@ -9,9 +9,9 @@ Register one on a DistributedDataParallel model (the rest of the job keeps its o
 The state is the gpucoll ``Communicator`` to use, or a torch ``ProcessGroup`` (gpucoll builds a communicator over
 it), or ``None`` for the default group. A communicator built here is made on the first bucket (every rank reaches it
 together) and reused: the host backend for CPU gradients, the GPU backends ('auto') on the bucket's GPU for CUDA
-gradients. CPU buckets of such a communicator are reduced on a worker thread while backward goes on
-(gpucoll/torch/_worker.py); a communicator passed as the state is used on the autograd thread, since the caller may
-use it elsewhere too.
+gradients. CPU buckets of such a communicator are reduced on its progress thread while backward goes on (async_op:
+csrc/backends/host/progress.h); a communicator passed as the state is used synchronously on the autograd thread, since
+the caller may use it from other threads too.
 
 Each hook does what torch's built-in hook of the same name does (torch.distributed.algorithms.ddp_comm_hooks.
 default_hooks): divide the bucket by the world size, sum it over ranks, and return a completed future of a tensor of
@@ -27,19 +27,19 @@ import torch.distributed as dist
 from gpucoll._make import init
 from gpucoll.communicator import Communicator
 from gpucoll.errors import InvalidArgument
-from gpucoll.torch._worker import Worker
+from gpucoll.torch.work import Work
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
 
-_BUILT: dict = {}  # (id(group), device) -> (group, Communicator, Worker), for state None / ProcessGroup (the group
-# is held, so its id is not reused while the entry lives)
+_BUILT: dict = {}  # (id(group), device) -> (group, Communicator), for state None / ProcessGroup (the group is held,
+# so its id is not reused while the entry lives)
 _LOCK = threading.Lock()
 
 
 def _communicator(state, tensor: torch.Tensor):
-    """(Communicator, Worker or None) for a hook's state and bucket."""
+    """(Communicator, whether a CPU bucket may run on its progress thread) for a hook's state and bucket."""
     if isinstance(state, Communicator):
-        return state, None
+        return state, False
     if state is not None and not isinstance(state, dist.ProcessGroup):
         raise InvalidArgument(f"the hook state must be a gpucoll Communicator, a torch ProcessGroup or None; got "
                               f"{type(state).__name__}")
@@ -48,72 +48,60 @@ def _communicator(state, tensor: torch.Tensor):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (id(group), str(device))
-    _, comm, worker = _BUILT.get(key, (None, None, None))
+    _, comm = _BUILT.get(key, (None, None))
     if comm is None or comm.closed:
         with _LOCK:
-            _, comm, worker = _BUILT.get(key, (None, None, None))
+            _, comm = _BUILT.get(key, (None, None))
             if comm is None or comm.closed:
                 if device.type == "cuda":
                     comm = init(from_torch=group, backend="auto", device=device.index)
                 else:
                     comm = init(from_torch=group, backend="host")
-                worker = Worker(f"gpucoll-ddp-hook-r{comm.rank}") if device.type == "cpu" else None
-                _BUILT[key] = (group, comm, worker)
-    return comm, worker
+                _BUILT[key] = (group, comm)
+    return comm, True
 
 
-def _completed(tensor: torch.Tensor, comm_work) -> torch.futures.Future[torch.Tensor]:
-    """A future holding `tensor`, ready once the all-reduce is (for CUDA: on the current stream)."""
-    if tensor.is_cuda:
-        fut = torch.futures.Future(devices=[tensor.device])
-        if comm_work is not None:
-            comm_work.wait()  # the current stream waits for the all-reduce (it ran on it: a no-op ordering)
-    else:
-        fut = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
+def _reduced(comm, background: bool, buffer: torch.Tensor, tensor: torch.Tensor, then=None):
+    """Sums `tensor` over ranks in place, then runs then(); a future of `buffer` once both are done. CUDA: enqueued
+    on the current stream, which later work waits for; CPU: on the communicator's progress thread when `background`,
+    the future set there (as gloo's threads set it), else here."""
+    if tensor.is_cuda or not background:
+        work = comm.all_reduce(tensor, async_op=True) if tensor.is_cuda else comm.all_reduce(tensor)
+        if tensor.is_cuda:
+            work.wait()  # the current stream waits for the all-reduce (it ran on it: a no-op ordering)
+        if then is not None:
+            then()
+        fut = torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
 
+    def finished(fut):
+        fut.value()  # raises the all-reduce's error
+        if then is not None:
+            then()
+        return buffer
 
-def _allreduce(comm, tensor: torch.Tensor):
-    """Sums `tensor` over ranks in place: gpucoll's Work for CUDA (enqueued on the current stream), else None (done)."""
-    if tensor.is_cuda:
-        return comm.all_reduce(tensor, async_op=True)
-    comm.all_reduce(tensor)
-    return None
-
-
-def _run(comm, worker, buffer: torch.Tensor, body) -> torch.futures.Future[torch.Tensor]:
-    """body() all-reduces (and finishes) the bucket; a future of `buffer` once it did."""
-    if worker is not None:
-        return worker.submit(body, [buffer]).get_future().then(lambda fut: fut.value()[0])
-    return _completed(buffer, body())
+    return Work([buffer], native=comm.all_reduce(tensor, async_op=True)).get_future().then(finished)
 
 
 def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket's gradients over ranks with gpucoll's all_reduce (torch's allreduce_hook, on gpucoll)."""
     buffer = bucket.buffer()
-    comm, worker = _communicator(state, buffer)
-
-    def body():
-        buffer.div_(comm.world_size)
-        return _allreduce(comm, buffer)
-
-    return _run(comm, worker, buffer, body)
+    comm, background = _communicator(state, buffer)
+    buffer.div_(comm.world_size)
+    return _reduced(comm, background, buffer, buffer)
 
 
 def _compress_hook(state, bucket, dtype) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
-    comm, worker = _communicator(state, buffer)
+    comm, background = _communicator(state, buffer)
+    compressed = buffer.to(dtype).div_(comm.world_size)
 
-    def body():
-        compressed = buffer.to(dtype).div_(comm.world_size)
-        work = _allreduce(comm, compressed)
-        if work is not None:
-            work.wait()
+    def decompress():
         if compressed.data_ptr() != buffer.data_ptr():
-            buffer.copy_(compressed)  # decompress into the bucket
+            buffer.copy_(compressed)
 
-    return _run(comm, worker, buffer, body)
+    return _reduced(comm, background, buffer, compressed, decompress)
 
 
 def fp16_compress_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

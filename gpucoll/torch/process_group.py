@@ -48,7 +48,6 @@ from gpucoll.torch._cpu_fallback import cpu_backend_from_caller, gloo_group, log
 from gpucoll.torch._gather import GatherMixin
 from gpucoll.torch._p2p import PointToPointMixin
 from gpucoll.torch._reduce import _NOW_OPS, ReduceMixin
-from gpucoll.torch._worker import Worker
 from gpucoll.torch.errors import raise_torch_errors_from, raises_torch_errors
 from gpucoll.torch.work import DoneWorks, Work
 
@@ -70,8 +69,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         self._cpu_backend = cpu_backend  # the torch backend CPU tensors go to ("cpu:gloo,cuda:gpucoll"), or None
         self._cpu_routed = cpu_backend is not None  # whether _route_cpu decided where CPU tensors go
         self._closed = False
-        self._background = True  # CPU all-reduces on the worker thread (False: on the caller's)
-        self._worker = Worker(f"gpucoll-torch-r{rank}")
+        self._background = True  # async CPU all-reduces on the host communicator's thread (False: the caller's)
         self._group_name = None  # set by torch (_set_group_name) when it registers the group
         self._group_desc = "undefined"
         self._init_p2p()
@@ -265,14 +263,9 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 raise InvalidArgument(f"{what}: every tensor must be on one device; got {device} and {t.device}")
         if device is None:
             device = torch.device("cpu")
-        self._drain()
         if self._p2p:
             self._flush_p2p()
         return _Call(self.communicator(device), device)
-
-    def _drain(self) -> None:
-        """Waits until the worker thread ran every queued CPU all-reduce (see gpucoll/torch/_worker.py)."""
-        self._worker.drain()
 
     def _finish(self, call: _Call, outputs) -> Work:
         for t, tmp in call.writebacks:
@@ -301,7 +294,6 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
             self._route_cpu("barrier")
         if on_cpu and self._cpu_backend is not None:
             return self._cpu_backend.barrier(opts if opts is not None else c10d.BarrierOptions())
-        self._drain()
         if self._p2p:
             self._flush_p2p()
         cuda = [k for k in self._comms if k.startswith("cuda")]
@@ -323,10 +315,6 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
 
     def shutdown(self) -> None:
         """Closes this group's communicators (called by destroy_process_group)."""
-        try:
-            self._worker.close()
-        except Exception as e:  # noqa: BLE001 - teardown never raises
-            _log.debug(f"stopping the gpucoll worker thread failed: {e}")
         self._closed = True
         comms, self._comms, self._host = dict(self._comms), {}, None
         for comm in comms.values():

@@ -11,9 +11,9 @@ Three kinds of completion meet here:
 * nccl (CUDA tensors): the operation was enqueued on the caller's current CUDA stream; ``wait()`` makes the current
   stream wait for it (the host does not block), as torch's NCCL Work does, and raises the communicator's failure
   (``CollectiveTimeout``, ``NcclError``) once gpucoll's watchdog recorded one.
-* background (CPU all-reduces): issued to the group's worker thread, which runs the group's CPU operations in
-  order, so that DDP's backward goes on while a bucket is reduced (as gloo's threads let it); the Work completes,
-  and its future is set, when the worker has run it.
+* background (CPU all-reduces): issued with async_op to the host communicator's progress thread, which runs the
+  communicator's operations in call order, so that DDP's backward goes on while a bucket is reduced (as gloo's
+  threads let it); the Work completes, and its future is set, when that thread has run it.
 * deferred point-to-point: ``send``/``recv`` are queued on the group and run together, as one gpucoll group (so
   matching pairs never deadlock, whatever their order), at the first ``wait()``/``is_completed()``/
   ``get_future()`` of any of them or before the group's next collective.
@@ -21,13 +21,14 @@ Three kinds of completion meet here:
 
 from __future__ import annotations
 
+import contextlib
 import sys
-import threading
 import weakref
 
 import torch
 import torch.distributed as dist
 
+from gpucoll.errors import GpucollError
 from gpucoll.torch.errors import raise_torch_errors_from, torch_error
 
 __all__ = ["DoneWorks", "Work"]
@@ -42,8 +43,7 @@ class Work(dist._Work):
 
     # What a completed host operation has; __init__ sets only what differs (Work.done is on dist.all_reduce's
     # one-call path, where each attribute set is a tenth of the call).
-    _done = None  # threading.Event set by the group's worker thread (background operations)
-    _lock = None  # guards _done/_future/_source_future (background operations)
+    _native = None  # the gpucoll Work of a background operation (gpucoll._C.Work: the host's progress thread)
     _pending = None  # the group whose p2p queue holds this operation, until it is flushed
     _gworks = ()  # gpucoll Works (nccl): their wait() raises the communicator's failure
     _event = None  # torch.cuda.Event recorded after everything this operation enqueued
@@ -51,15 +51,13 @@ class Work(dist._Work):
     _deps = ()  # torch Works of a delegate backend (cpu:gloo) this one stands for
     _error = None
     _future = None  # what get_future() returned
-    _source_future = None  # its source, while the worker has yet to complete it
     _source = None  # a recv's source rank in the group (a recv from any source: known once it ran)
 
-    def __init__(self, outputs, *, pending=None, gworks=(), event=None, device=None, deps=(), background=False):
+    def __init__(self, outputs, *, pending=None, gworks=(), event=None, device=None, deps=(), native=None):
         super().__init__()
-        if background:
-            self._done = threading.Event()
-            self._lock = threading.Lock()
         self._outputs = list(outputs)
+        if native is not None:
+            self._native = native
         if pending is not None:
             self._pending = pending
         if gworks:
@@ -83,21 +81,15 @@ class Work(dist._Work):
         self._pending = None
         self._error = torch_error(error)
 
-    # Called by the group's worker thread when it ran a background operation.
-    def _finished(self, error=None) -> None:
-        with self._lock:
-            self._error = torch_error(error)
-            self._done.set()
-            source = self._source_future
-        if source is not None:  # get_future() came first: complete it (its callbacks run here, as on gloo's threads)
-            self._complete(source)
-
     def _settle(self) -> None:
         group = self._pending
         if group is not None:
             group._flush_p2p()
-        if self._done is not None:
-            self._done.wait()
+        if self._native is not None and self._error is None:
+            try:
+                self._native.wait()
+            except GpucollError as e:  # the operation's: this Work's error from now on
+                self._error = torch_error(e)
         if self._error is not None:
             raise self._error
 
@@ -115,8 +107,12 @@ class Work(dist._Work):
 
     def is_completed(self) -> bool:
         """Whether the operation finished. A queued send/recv is run (with the rest of its queue) first."""
-        if self._done is not None and not self._done.is_set():
-            return False
+        if self._native is not None and self._error is None:
+            try:
+                if not self._native.is_completed():
+                    return False
+            except GpucollError as e:
+                self._error = torch_error(e)
         self._settle()
         if not all(w.is_completed() for w in self._deps):
             return False
@@ -131,6 +127,11 @@ class Work(dist._Work):
         return self.is_completed() and self._error is None
 
     def exception(self):
+        if self._native is not None and self._error is None and self._native.done():
+            try:
+                self._native.is_completed()
+            except GpucollError as e:  # what this returns
+                self._error = torch_error(e)
         return self._error
 
     def synchronize(self) -> None:
@@ -158,24 +159,22 @@ class Work(dist._Work):
         gloo or NCCL future raises), and DDP's backward raises it."""
         if self._future is not None:
             return self._future
-        if self._done is not None:
-            with self._lock:
-                if self._future is not None:
-                    return self._future
-                source, self._future = self._chained_future()
-                if not self._done.is_set():
-                    self._source_future = source  # the worker completes it (_finished)
-                    return self._future
-            self._complete(source)
-            return self._future
         source, future = self._chained_future()
+        self._future = future
+        if self._native is not None:  # completed on the thread that ran the operation (as on gloo's threads)
+            self._native.add_done_callback(lambda: self._ended(source))
+            return future
         try:
             self.wait()
         except BaseException as e:  # noqa: BLE001 - the future carries it to whoever waits on it
             self._error = torch_error(e)
         self._complete(source)
-        self._future = future
         return future
+
+    def _ended(self, source) -> None:
+        with contextlib.suppress(GpucollError):  # _settle keeps it in _error, which fails the future
+            self._settle()
+        self._complete(source)
 
     def _chained_future(self):
         """(source, future): the future handed out is `source.then(...)`, so that a failure reaches it as a C++ error.
@@ -193,8 +192,8 @@ class Work(dist._Work):
             source.set_result(self._outputs)
 
     def __repr__(self) -> str:
-        state = "queued" if self._pending is not None or (self._done is not None and not self._done.is_set()) \
-            else ("failed" if self._error is not None else "issued")
+        running = self._native is not None and self._error is None and not self._native.done()
+        state = "queued" if self._pending is not None or running else ("failed" if self._error is not None else "issued")
         where = str(self._device) if self._device is not None else "cpu"
         return f"<gpucoll.torch.Work {where} {state}>"
 

@@ -402,11 +402,12 @@ def test_host_backend_stream_and_async_rules():
         with pytest.raises(InvalidArgument, match="stream= applies to the nccl backend"):
             comm.all_reduce(x, stream=0)
         assert np.array_equal(comm.all_reduce(x.copy(), op=gpucoll.premul_sum(2.0)), 2 * x)  # host runs it too
-        work = comm.all_gather(x, async_op=True)
-        assert work.is_completed() and work.wait() and work.synchronize() is None
+        work = comm.all_gather(x, async_op=True)  # on the communicator's progress thread
+        assert work.wait() and work.is_completed() and work.synchronize() is None
         assert np.array_equal(work.result(), x)
         assert comm.broadcast(x, async_op=True).result() is x
-        assert comm.gather(x, async_op=True).result().shape == (6,)
+        gathered = comm.gather(x, async_op=True)
+        assert gathered.wait() and np.array_equal(gathered.result(), x)
     comm = host_comm()
     comm.abort()
     with pytest.raises(InvalidUsage, match="abort\\(\\) was called"):

@@ -1,9 +1,9 @@
 """`dist.all_reduce(t)` on a CPU tensor, waited for at once: the torch backend's one-call path (ReduceMixin.allreduce:
 `t` straight to the host backend's one-call all_reduce, which reads the tensor in C++) must give exactly what the
 general path gives, for every dtype and op it takes, and must step aside (the general path runs) wherever its
-conditions do not hold: async_op, a queued background all_reduce before it, a non-contiguous or lazily negated
-tensor, PREMUL_SUM. Each rank counts the one-call path's calls (a spy on the communicator's fast path), so a path that
-silently stopped being taken fails here too."""
+conditions do not hold: async_op, a non-contiguous or lazily negated tensor, PREMUL_SUM (a call after an async one
+takes it: the host communicator runs its operations in call order). Each rank counts the one-call path's calls (a
+spy on the communicator's fast path), so a path that silently stopped being taken fails here too."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def _worker(rank, world_size):
     steps = {}
     x = torch.full((8,), float(rank + 1))
     del taken[:]
-    w = dist.all_reduce(x, async_op=True)  # the background worker runs it
+    w = dist.all_reduce(x, async_op=True)  # the host communicator's progress thread runs it
     y = torch.full((8,), float(10 * (rank + 1)))
-    dist.all_reduce(y)  # queued behind x's: the general path drains the worker first
+    dist.all_reduce(y)  # the one-call path, which runs after x's (C++ keeps the communicator's call order)
     w.wait()
     steps["after_async"] = (x.tolist(), y.tolist(), list(taken))
     z = torch.arange(16, dtype=torch.float32).reshape(4, 4).t() + rank  # not contiguous
@@ -119,7 +119,7 @@ def test_every_dtype_and_op_is_exact_and_takes_one_call():
         s = out["steps"]
         x, y, taken = s["after_async"]
         assert x == [float(total)] * 8 and y == [float(10 * total)] * 8, s["after_async"]
-        assert True not in taken, f"rank {rank}: the all_reduce queued behind an async one ran on the caller: {taken}"
+        assert taken == [False, True], f"rank {rank}: async_op declines the one-call path, the call after takes it: {taken}"
         z, taken = s["strided"]
         want_z = [[float(P * (4 * j + i) + total - P) for j in range(4)] for i in range(4)]  # sum of base.t() + r
         assert z == want_z, (z, want_z)

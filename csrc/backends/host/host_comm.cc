@@ -138,7 +138,10 @@ void HostComm::wait_attached() {
 
 void HostComm::close() noexcept {
   if (closed_) return;
+  progress_.stop();
   closed_ = true;
+  // A thread left running at interpreter exit (stop_progress_for) may still be waiting in the region: it stays.
+  if (progress_.abandoned()) return;
   if (shm_.data() != nullptr) {
     // Peers still waiting in a collective on this rank learn that it will not come (see raise_peer_closed).
     Ctl* me = ctl(opt_.rank);
@@ -301,6 +304,7 @@ const HostComm::Plan& HostComm::plan_for(const algo::Algorithm& a, const algo::P
 }
 
 void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
+  in_order();
   const char* what = algo::coll_name(a.coll);
   if (dtype_is_fp8(a.dtype)) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, what, "the host backend has no arithmetic for ", dtype_name(a.dtype),
@@ -482,6 +486,7 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
 }
 
 void HostComm::barrier() {
+  in_order();
   begin_op("barrier");
   const algo::CallSig sig = algo::make_call_sig(static_cast<uint32_t>(op_seq_), algo::kSigBarrier, 0, 0, -1, 0, -1,
                                                 0, false);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "algo/registry.h"
+#include "backends/host/progress.h"
 #include "backends/host/shm.h"
 #include "backends/host/sync.h"
 #include "check/call_sig.h"
@@ -104,8 +105,18 @@ class HostComm {
   // Runs a batch of sends and receives to completion. All of them progress together, piece by piece, so any
   // order of matching pairs completes (ncclGroupStart/End semantics); a lone send or recv is a batch of one.
   void p2p(const std::vector<P2POp>& ops);
-  // Marks the communicator closed (peers still waiting in a collective on this rank learn it); later calls
-  // raise InvalidUsage. Never throws.
+  // Runs `task`, one of this communicator's operations (run, p2p, barrier), on its progress thread after every
+  // operation called before it, and returns at once (backends/host/progress.h). Synchronous operations wait for
+  // the queue first, so all of them run in call order.
+  std::shared_ptr<Completion> submit(std::function<void()> task) {
+    check_usable("async_op=True");
+    return progress_.submit(std::move(task));
+  }
+  // At interpreter exit: lets queued operations finish for at most `seconds`; false if one is still running (a
+  // peer that never comes), which is then left to its thread and never freed (close() leaves the region mapped).
+  bool stop_progress_for(double seconds) noexcept { return progress_.stop_for(seconds); }
+  // Runs the queued operations (close waits for them, as ncclCommDestroy does), then marks the communicator closed
+  // (peers still waiting in a collective on this rank learn it); later calls raise InvalidUsage. Never throws.
   void close() noexcept;
   // Benchmarks and tests only (gpucoll-bench --compare unchecked): turns the cross-rank call check off or on.
   // Every rank must switch between the same two collectives. Without the check a mismatch corrupts data.
@@ -116,6 +127,7 @@ class HostComm {
   uint64_t op_seq() const { return op_seq_; }
   // algo="auto"'s choice for this communicator's calls, the last one kept (select/selector.h).
   const algo::Algorithm& auto_algorithm(algo::Coll coll, int64_t nbytes, int local_size) {
+    in_order();  // the choice is cached state, which a queued operation may be updating
     return auto_choice_.choose(coll, opt_.nranks, nbytes, local_size);
   }
   bool closed() const { return closed_; }
@@ -147,6 +159,8 @@ class HostComm {
   ShmHandle handle() const { return shm_.handle(); }
 
  private:
+  // Every operation's first step, before it touches any state: the asynchronous ones called before it run first.
+  void in_order() { progress_.drain(); }
   struct StepPlan {
     std::vector<algo::Op> ops;
     std::vector<int> raw_peers;  // ranks this rank reads from at this step (excluding itself)
@@ -255,6 +269,7 @@ class HostComm {
   FlightRecorder trace_;
   uint64_t trace_id_ = FlightRecorder::kOff;  // the recorder's entry of the operation under way
   std::vector<int64_t> arrivals_;  // scratch: one collective's arrival times, read from the region
+  Progress progress_;  // last: its thread ends (in close()) before anything it uses goes
 };
 
 }  // namespace gpucoll::host

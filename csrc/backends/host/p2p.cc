@@ -17,6 +17,7 @@
 namespace gpucoll::host {
 
 void HostComm::p2p(const std::vector<P2POp>& ops) {
+  in_order();
   begin_p2p(ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "group", ops);
   struct Progress {
     const P2POp* op;

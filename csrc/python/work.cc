@@ -1,0 +1,101 @@
+// gpucoll._C.Work: what an operation that runs on another thread returns (today the host backend's async_op=True
+// operations, run on its progress thread: backends/host/progress.h), over the one state such an operation ends in
+// (core/completion.h). gpucoll.torch's Work and DDP's futures are made from it.
+//
+// The GIL. A waiter releases it. Callbacks registered from Python run on the thread that completed the operation
+// with the GIL taken; so do the releases of the Python objects an operation keeps alive (its buffers). At
+// interpreter exit no thread may take the GIL any more, so after host_at_exit() (gpucoll/backends/host.py
+// registers it with atexit) they are skipped: the objects are leaked, the callbacks not run.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <utility>
+
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace gpucoll::python {
+
+namespace {
+std::atomic<bool> g_exiting{false};
+}  // namespace
+
+bool python_exiting() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing() != 0;
+#else
+  const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+  return finalizing || g_exiting.load(std::memory_order_acquire);
+}
+
+void set_python_exiting() { g_exiting.store(true, std::memory_order_release); }
+
+PyRefs::~PyRefs() {
+  if (!obj_) return;
+  if (python_exiting()) {
+    obj_.release();  // leaked: the interpreter is going
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  obj_ = py::object();
+}
+
+void NativeWork::wait() const {
+  py::gil_scoped_release nogil;
+  done_->wait();
+}
+
+bool NativeWork::is_completed() const {
+  if (!done_->done()) return false;
+  if (done_->error()) std::rethrow_exception(done_->error());
+  return true;
+}
+
+void NativeWork::add_done_callback(py::function fn) {
+  auto ref = std::make_shared<PyRefs>(std::move(fn));
+  done_->on_done([ref] {
+    if (python_exiting()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      ref->get()();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("gpucoll Work callback");
+    }
+  });
+}
+
+void bind_work(py::module_& m) {
+  py::class_<NativeWork, std::shared_ptr<NativeWork>>(m, "Work",
+                                                      "What an async_op=True operation that runs on another thread "
+                                                      "returns (gpucoll.Work's interface).")
+      .def("wait", [](const NativeWork& w, py::object /*timeout*/) { w.wait(); return true; },
+           py::arg("timeout") = py::none(),
+           "Blocks until the operation finished; raises its error. `timeout` is accepted for torch's signature; "
+           "the communicator's own timeout applies.")
+      .def("is_completed", &NativeWork::is_completed, "Whether it finished (never blocks); raises its error.")
+      .def("done", &NativeWork::done, "Whether it finished, successfully or not (never blocks, never raises).")
+      .def("synchronize", [](const NativeWork& w) { w.wait(); }, "The same as wait() (host memory).")
+      .def("result", [](const NativeWork& w) { return w.result; }, "What the synchronous call would have returned.")
+      .def_readwrite("_result", &NativeWork::result)
+      .def("add_done_callback", &NativeWork::add_done_callback, py::arg("fn"),
+           "fn() once the operation finished (success or not), on the thread that finished it with the GIL held, "
+           "or at once if it has. Its exceptions are reported as unraisable.")
+      .def("__repr__", [](const NativeWork& w) {
+        return std::string("<gpucoll.Work host ") + (w.done() ? "completed>" : "running>");
+      });
+  m.def(
+      "host_at_exit",
+      [](double seconds) {
+        set_python_exiting();
+        py::gil_scoped_release nogil;
+        stop_host_progress(seconds);
+      },
+      py::arg("seconds"),
+      "At interpreter exit: no thread of gpucoll's may take the GIL from now on; every host communicator's queued "
+      "operations get `seconds` to finish.");
+}
+
+}  // namespace gpucoll::python
