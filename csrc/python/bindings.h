@@ -74,31 +74,29 @@ bool cuda_array_view(pybind11::handle x, CudaArrayView* out);
 
 // work.cc: whether threads of gpucoll's may still take the GIL (false once the interpreter exits).
 bool python_exiting();
-// A Python object held from C++ and released on whichever thread drops it: with the GIL taken, or leaked once
-// python_exiting().
-class PyRefs {
- public:
-  explicit PyRefs(pybind11::object obj) : obj_(std::move(obj)) {}
-  ~PyRefs();
-  PyRefs(const PyRefs&) = delete;
-  PyRefs& operator=(const PyRefs&) = delete;
-  const pybind11::object& get() const { return obj_; }
-
- private:
-  pybind11::object obj_;
-};
-// gpucoll._C.Work (work.cc): an operation running on another thread, over its Completion.
+// gpucoll._C.Work (work.cc): an operation running on another thread, over its Completion. `keep` (its buffers'
+// Python objects) is held until the operation ended. At the end the completing thread takes the GIL once: it drops
+// `keep` and runs the Python callbacks registered so far (each GIL hand-over can wait a switch interval for a busy
+// thread, so there is one per operation, not one per callback).
 class NativeWork {
  public:
-  explicit NativeWork(std::shared_ptr<Completion> done) : done_(std::move(done)) {}
+  NativeWork(std::shared_ptr<Completion> done, pybind11::object keep);
   void wait() const;  // releases the GIL; rethrows the operation's error
   bool is_completed() const;
   bool done() const { return done_->done(); }
-  void add_done_callback(pybind11::function fn);
+  void add_done_callback(pybind11::function fn);  // with the GIL held
   pybind11::object result = pybind11::none();
 
  private:
+  // Shared with the completion's callback; its Python objects are touched with the GIL held only.
+  struct End {
+    bool fired = false;
+    pybind11::object keep;
+    std::vector<pybind11::object> callbacks;
+    ~End();
+  };
   std::shared_ptr<Completion> done_;
+  std::shared_ptr<End> end_;
 };
 // host.cc: every live host communicator's progress thread gets `seconds` to finish its queue (interpreter exit).
 void stop_host_progress(double seconds);

@@ -158,17 +158,14 @@ void bind_host(py::module_& m) {
              bool auto_algo) {
             const auto [args, a] =
                 run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo);
-            auto refs = std::make_shared<PyRefs>(std::move(keep));
             std::shared_ptr<Completion> done;
             {
               py::gil_scoped_release nogil;
               // `c` outlives the task: close(), which its deletion calls, runs the queue out first.
-              done = c.submit([&c, args = args, a = a, refs = std::move(refs)]() mutable {
-                c.run(args, *a);
-                refs.reset();  // the buffers' owners may go once they hold the result
-              });
+              done = c.submit([&c, args = args, a = a]() { c.run(args, *a); });
             }
-            return std::make_shared<NativeWork>(std::move(done));
+            // `keep` is this call's argument until the Work holds it: alive from before the task starts.
+            return std::make_shared<NativeWork>(std::move(done), std::move(keep));
           },
           py::arg("keep"), py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,

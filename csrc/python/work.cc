@@ -33,19 +33,49 @@ bool python_exiting() {
 
 void set_python_exiting() { g_exiting.store(true, std::memory_order_release); }
 
-PyRefs::~PyRefs() {
-  if (!obj_) return;
-  if (python_exiting()) {
-    obj_.release();  // leaked: the interpreter is going
+NativeWork::End::~End() {
+  if (python_exiting()) {  // the interpreter is going: leaked
+    keep.release();
+    for (auto& fn : callbacks) fn.release();
     return;
   }
   py::gil_scoped_acquire gil;
-  obj_ = py::object();
+  keep = py::object();
+  callbacks.clear();
+}
+
+NativeWork::NativeWork(std::shared_ptr<Completion> done, py::object keep)
+    : done_(std::move(done)), end_(std::make_shared<End>()) {
+  end_->keep = std::move(keep);
+  auto end = end_;  // held by the callback until it ran: `keep` lives that long whoever drops the Work
+  done_->on_done([end]() mutable {
+    if (python_exiting()) return;  // End's destructor leaks what it holds
+    py::gil_scoped_acquire gil;
+    end->fired = true;
+    end->keep = py::object();
+    std::vector<py::object> run;
+    run.swap(end->callbacks);
+    for (const py::object& fn : run) {
+      try {
+        fn();
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("gpucoll Work callback");
+      }
+    }
+    run.clear();
+    end.reset();  // with the GIL still held: the last reference may be this one
+  });
 }
 
 void NativeWork::wait() const {
-  py::gil_scoped_release nogil;
-  done_->wait();
+  if (!done_->done()) {
+    py::gil_scoped_release nogil;
+    done_->wait();
+    return;
+  }
+  // Ended: the common case inside a completion callback, where handing the GIL over and back would cost the
+  // completing thread a switch interval while the caller's thread runs Python.
+  if (done_->error()) std::rethrow_exception(done_->error());
 }
 
 bool NativeWork::is_completed() const {
@@ -55,16 +85,11 @@ bool NativeWork::is_completed() const {
 }
 
 void NativeWork::add_done_callback(py::function fn) {
-  auto ref = std::make_shared<PyRefs>(std::move(fn));
-  done_->on_done([ref] {
-    if (python_exiting()) return;
-    py::gil_scoped_acquire gil;
-    try {
-      ref->get()();
-    } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("gpucoll Work callback");
-    }
-  });
+  if (end_->fired) {  // under the GIL, as `fired` is set: the callbacks ran, or the interpreter exits
+    if (!python_exiting()) fn();
+    return;
+  }
+  end_->callbacks.push_back(std::move(fn));
 }
 
 void bind_work(py::module_& m) {
