@@ -40,7 +40,10 @@ def _now_ops() -> dict:
         except (AttributeError, RuntimeError):  # UNUSED, or a torch without the premul maker: nothing is known
             if name != "UNUSED":
                 return {}
-    hashes = {hash(op): name for name, op in ops.items()}
+    try:
+        hashes = {hash(op): name for name, op in ops.items()}
+    except TypeError:  # a torch whose ReduceOp is not hashable
+        return {}
     if len(hashes) != len(ops):
         return {}
     return {h: _OPS[name] for h, name in hashes.items() if name in _OPS and name != "PREMUL_SUM"}
