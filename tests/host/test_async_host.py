@@ -8,6 +8,7 @@ alive until it ran, whoever drops them."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpucoll
-from gpucoll.errors import CollectiveTimeout, InvalidArgument
+from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage
 
 pytestmark = [pytest.mark.spawns, *helpers.timeout_mark(300)]
 
@@ -153,3 +154,32 @@ def _close_waits(comm):
 
 def test_close_runs_the_queued_operations_first():
     assert gpucoll.spawn(_close_waits, 2, backend="host") == [True, True]
+
+
+def _aborts(comm):
+    """abort() does not wait for issued operations: the one waiting for rank 1 (which never comes) and the one
+    queued behind it both raise InvalidUsage naming the abort, within a wait slice, long before the timeout."""
+    if comm.rank == 1:
+        time.sleep(2.0)
+        return None
+    running = comm.all_reduce(np.ones(4, np.float32), async_op=True)
+    queued = comm.all_reduce(np.ones(4, np.float32), async_op=True)
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    aborting = threading.Thread(target=comm.abort)  # abort() then closes, and rank 0's store waits for its peers
+    aborting.start()
+    messages = []
+    for w in (running, queued):
+        with pytest.raises(InvalidUsage, match="abort") as e:
+            w.wait()
+        messages.append(str(e.value))
+    took = time.perf_counter() - t0
+    aborting.join()
+    return took, messages
+
+
+def test_abort_does_not_wait_for_issued_operations():
+    (took, (running, queued)), _ = gpucoll.spawn(_aborts, 2, backend="host", timeout=60.0, elastic=True)
+    assert took < 1.0, took
+    assert "was aborted while it waited for rank 1" in running, running
+    assert "aborted communicator" in queued, queued

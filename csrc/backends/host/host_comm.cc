@@ -153,7 +153,19 @@ void HostComm::close() noexcept {
   shm_.unmap();
 }
 
+void HostComm::abort(const std::string& reason) noexcept {
+  if (aborted_.load(std::memory_order_acquire)) return;
+  try {
+    abort_reason_ = reason;
+  } catch (...) {  // no memory for the text: the error says "abort" alone
+  }
+  aborted_.store(true, std::memory_order_release);
+}
+
 void HostComm::check_usable(const char* what) const {
+  if (aborted_.load(std::memory_order_acquire)) {
+    GPUCOLL_THROW(ErrorCode::kInvalidUsage, what, what, " on an aborted communicator (", abort_reason_, ")");
+  }
   if (closed_) {
     GPUCOLL_THROW(ErrorCode::kInvalidUsage, what, what, " on a closed communicator (close() was called)");
   }

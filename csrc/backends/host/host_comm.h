@@ -23,6 +23,7 @@
 // time against its peers, and when a peer gave up waiting for it, it says so instead of blaming that peer.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -115,6 +116,10 @@ class HostComm {
   // At interpreter exit: lets queued operations finish for at most `seconds`; false if one is still running (a
   // peer that never comes), which is then left to its thread and never freed (close() leaves the region mapped).
   bool stop_progress_for(double seconds) noexcept { return progress_.stop_for(seconds); }
+  // Stops without waiting for issued operations (ncclCommAbort): the one running raises InvalidUsage naming
+  // `reason` at its next look at its peers (within a wait slice, 20 ms), which breaks the communicator for them
+  // too; queued ones raise it without starting. Any thread may call it; close() must follow. Never throws.
+  void abort(const std::string& reason) noexcept;
   // Runs the queued operations (close waits for them, as ncclCommDestroy does), then marks the communicator closed
   // (peers still waiting in a collective on this rank learn it); later calls raise InvalidUsage. Never throws.
   void close() noexcept;
@@ -264,6 +269,9 @@ class HostComm {
   int64_t spin_ns_ = 0;
   bool closed_ = false;
   bool broken_ = false;
+  // Set by abort() from any thread, read by the operation's waits; abort_reason_ is written before it (release).
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
   std::map<std::tuple<const algo::Algorithm*, int, int, int>, Plan> plans_;
   StragglerWindow stragglers_;
   FlightRecorder trace_;

@@ -218,6 +218,10 @@ std::string HostComm::op_label() const {
 }
 
 void HostComm::check_peer(int peer) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    GPUCOLL_THROW(ErrorCode::kInvalidUsage, current_, op_label(), " was aborted while it waited for rank ", peer,
+                  " (", abort_reason_, ")");
+  }
   const Ctl* c = ctl(peer);
   if (c->broken.load(std::memory_order_acquire) != 0) raise_peer_failed(peer);
   if (c->closed.load(std::memory_order_acquire) != 0) {
