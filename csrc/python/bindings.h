@@ -21,15 +21,18 @@ namespace gpucoll::python {
 // needs stalls with it: rank 0's rendezvous store and the NCCL watchdog are such threads, so peers waiting on the
 // store never launch their half and nothing times out. At interpreter exit the GIL stays held (threads may no
 // longer take it).
+inline bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 template <class T>
 struct DeleteWithoutGil {
   void operator()(T* p) const noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing() != 0;
-#else
-    const bool finalizing = _Py_IsFinalizing() != 0;
-#endif
-    if (PyGILState_Check() && !finalizing) {
+    if (PyGILState_Check() && !interpreter_finalizing()) {
       pybind11::gil_scoped_release release;
       delete p;
     } else {

@@ -6,7 +6,6 @@
 // with the GIL taken; so do the releases of the Python objects an operation keeps alive (its buffers). At
 // interpreter exit no thread may take the GIL any more, so after host_at_exit() (gpucoll/backends/host.py
 // registers it with atexit) they are skipped: the objects are leaked, the callbacks not run.
-#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 
 #include <atomic>
@@ -19,19 +18,10 @@ namespace py = pybind11;
 namespace gpucoll::python {
 
 namespace {
-std::atomic<bool> g_exiting{false};
+std::atomic<bool> g_exiting{false};  // set by host_at_exit
 }  // namespace
 
-bool python_exiting() {
-#if PY_VERSION_HEX >= 0x030D0000
-  const bool finalizing = Py_IsFinalizing() != 0;
-#else
-  const bool finalizing = _Py_IsFinalizing() != 0;
-#endif
-  return finalizing || g_exiting.load(std::memory_order_acquire);
-}
-
-void set_python_exiting() { g_exiting.store(true, std::memory_order_release); }
+bool python_exiting() { return interpreter_finalizing() || g_exiting.load(std::memory_order_acquire); }
 
 NativeWork::End::~End() {
   if (python_exiting()) {  // the interpreter is going: leaked
@@ -114,7 +104,7 @@ void bind_work(py::module_& m) {
   m.def(
       "host_at_exit",
       [](double seconds) {
-        set_python_exiting();
+        g_exiting.store(true, std::memory_order_release);
         py::gil_scoped_release nogil;
         stop_host_progress(seconds);
       },

@@ -107,9 +107,10 @@ class ReduceMixin:
                 opts = c10d.AllreduceOptions()
             else:
                 # dist.all_reduce(t) waited for at once, once the group's host communicator exists and no send or
-                # recv is queued before it (queued all-reduces run first, in C++): one native call reads torch's arguments and runs a plain CPU tensor of a dtype
-                # the host backend reduces, with an op that means the same on all of them. It declines anything
-                # else, having run nothing, and the general path below runs the call with the same result.
+                # recv is queued before it (queued all-reduces run first, in C++): one native call reads torch's
+                # arguments and runs a plain CPU tensor of a dtype the host backend reduces, with an op that means
+                # the same on all of them. It declines anything else, having run nothing, and the general path
+                # below runs the call with the same result.
                 host = self._host
                 if host is not None and not self._p2p and not host[0]._closed:
                     try:

@@ -41,8 +41,8 @@ def _value_or_raise(source):
 class Work(dist._Work):
     """One operation of a gpucoll process group, as torch sees it."""
 
-    # What a completed host operation has; __init__ sets only what differs (Work.done is on dist.all_reduce's
-    # one-call path, where each attribute set is a tenth of the call).
+    # What a completed host operation has; __init__ sets only what differs (_Done, on dist.all_reduce's one-call
+    # path, sets none of them).
     _native = None  # the gpucoll Work of a background operation (gpucoll._C.Work: the host's progress thread)
     _pending = None  # the group whose p2p queue holds this operation, until it is flushed
     _gworks = ()  # gpucoll Works (nccl): their wait() raises the communicator's failure
@@ -68,13 +68,6 @@ class Work(dist._Work):
             self._device = device
         if deps:
             self._deps = tuple(deps)
-
-    @classmethod
-    def done(cls, outputs: list):
-        """The Work of an operation that finished before the call returned (host), holding the list `outputs`."""
-        work = _Done()
-        work._outputs = outputs
-        return work
 
     # Called by the group when it flushed (or failed to flush) the p2p queue holding this operation.
     def _settled(self, error=None) -> None:
@@ -203,7 +196,8 @@ raise_torch_errors_from(Work, private=("_source_rank",))
 
 
 class _Done(Work):
-    """Work.done's: the same Work, made without __init__'s arguments (torch's base must still be initialised)."""
+    """The Work of an operation that finished before the call returned (host), made without __init__'s arguments
+    (torch's base must still be initialised); its outputs are set by DoneWorks."""
 
     __init__ = dist._Work.__init__
 
@@ -226,5 +220,6 @@ class DoneWorks:
             work._outputs = outputs
             work._future = None
             return work
-        work = self._spare = Work.done(outputs)
+        work = self._spare = _Done()
+        work._outputs = outputs
         return work

@@ -45,7 +45,7 @@ def _in_order(comm):
             g = comm.all_gather(np.full(2, r, np.int64), async_op=True)
             b = np.full(4, r, np.int32)
             if r == 0:
-                comm.send(np.arange(4, dtype=np.int32) + 7, 1) if P > 1 else None
+                comm.send(np.arange(4, dtype=np.int32) + 7, 1)
             elif r == 1:
                 comm.recv(b, 0)
             comm.barrier()
