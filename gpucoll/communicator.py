@@ -301,13 +301,19 @@ class Communicator:
         return _build(_store_launch(rank, size), store, self._backend, self._timeout, 0, index, self._backend,
                       with_host=isinstance(self._ops, WithHost))
 
-    def all_reduce(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
+    def all_reduce(self, x, out=None, op="sum", algo="auto", *, compress=None, stream=None, async_op=False):
         """Reduce `x` element-wise across ranks with `op`; every rank gets the result.
 
         In place when `out` is None (the result is written to `x`, which is returned); otherwise `out` must
         have x's size and dtype and not overlap it, and is returned.
+
+        compress="int8", "fp8" or "bf16" moves a float32/float16/bfloat16 sum or avg in that format on the wire
+        (block-scaled for int8 and fp8) and reduces in float32: the result is the same on every rank, within the
+        error bound of docs/compression.md (gpucoll.compression.error_bound). Host backend only.
         """
         self._check_open("all_reduce")
+        if compress is not None:
+            return self._compressed_all_reduce(x, out, op, algo, compress, stream, async_op)
         if out is None and self._fast_all_reduce is not None:
             try:
                 if self._fast_all_reduce(x, op, algo, stream, async_op):
@@ -319,6 +325,24 @@ class Communicator:
         dst = self._resolve_out(src, out, src.count)
         redop = _parse_op(op)
         work = self._run(ALL_REDUCE, algo, src, dst, src.count, redop, 0, stream, async_op)
+        return _result(work, dst.obj) if async_op else dst.obj
+
+    def _compressed_all_reduce(self, x, out, op, algo, compress, stream, async_op):
+        if type(compress) is not str:
+            raise InvalidArgument(f"compress must be 'int8', 'fp8', 'bf16' or None; got {compress!r}")
+        if algo is not None and algo != "auto":
+            raise InvalidArgument(f"compress={compress!r} runs its own two-shot schedule; leave algo='auto' (got "
+                                  f"{algo!r})")
+        src = self._resolve(x, "x", writable=out is None)
+        dst = self._resolve_out(src, out, src.count)
+        redop = _parse_op(op)
+        try:
+            work = self._ops.compressed_all_reduce(src, dst, redop, compress, stream, async_op)
+        except (CollectiveTimeout, RemoteError) as e:
+            self._failure(e)
+            raise
+        if async_op and hasattr(work, "add_done_callback"):
+            work.add_done_callback(functools.partial(self._ended, work))
         return _result(work, dst.obj) if async_op else dst.obj
 
     def _torch_all_reduce(self, ops: dict):

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "algo/registry.h"
+#include "core/quant.h"
 #include "core/types.h"
 
 namespace gpucoll::algo {
@@ -23,6 +24,7 @@ std::string algo_text(uint8_t algo) {
 std::string differing_fields(const CallSig* sigs, int nranks) {
   const CallSig& a = sigs[0];
   bool coll = false, count = false, dtype = false, op = false, root = false, algo = false, local = false;
+  bool wire = false;
   for (int r = 1; r < nranks; ++r) {
     const CallSig& b = sigs[r];
     coll |= a.coll != b.coll;
@@ -32,6 +34,7 @@ std::string differing_fields(const CallSig* sigs, int nranks) {
     root |= a.root != b.root;
     algo |= a.algo != b.algo;
     local |= a.local_size != b.local_size;
+    wire |= a.wire != b.wire;
   }
   if (coll) return "collective";  // the other fields mean different things then
   std::string out;
@@ -44,6 +47,7 @@ std::string differing_fields(const CallSig* sigs, int nranks) {
   add(root, "root");
   add(algo, "algorithm");
   add(local, "local_size");
+  add(wire, "compress");
   return out;
 }
 
@@ -64,6 +68,9 @@ std::string describe_call(const CallSig& s) {
       out += ", algo=" + algo_text(s.algo) + ((s.flags & kSigAutoAlgo) != 0 ? " by auto" : "");
     }
     if (s.local_size != 0) out += ", local_size=" + std::to_string(s.local_size);
+    if (s.wire != 0) {
+      out += std::string(", compress=") + (s.wire < kNumWires ? wire_name(static_cast<Wire>(s.wire)) : "?");
+    }
   }
   return out + ")";
 }

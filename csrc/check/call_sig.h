@@ -46,7 +46,7 @@ struct CallSig {
   uint8_t algo;         // index in algorithms() (registry.h); kSigNone where the backend picks (NCCL)
   uint16_t local_size;  // node size of hierarchical schedules; 0 where the algorithm ignores it
   uint8_t flags;        // kSigAutoAlgo; not compared
-  uint8_t reserved;     // 0
+  uint8_t wire;         // Wire (core/quant.h): all_reduce(compress=...)'s format, 0 without
 };
 static_assert(sizeof(CallSig) == 24, "CallSig travels as three 64-bit words");
 
@@ -66,13 +66,13 @@ GPUCOLL_HD inline CallSig make_call_sig(uint32_t seq, int32_t coll, int32_t dtyp
   s.algo = algo < 0 ? kSigNone : static_cast<uint8_t>(algo);
   s.local_size = static_cast<uint16_t>(local_size);
   s.flags = auto_algo ? kSigAutoAlgo : 0;
-  s.reserved = 0;
+  s.wire = 0;
   return s;
 }
 
 GPUCOLL_HD inline bool call_sig_equal(const CallSig& a, const CallSig& b) {
   return a.count == b.count && a.seq == b.seq && a.root == b.root && a.coll == b.coll && a.dtype == b.dtype &&
-         a.op == b.op && a.algo == b.algo && a.local_size == b.local_size;
+         a.op == b.op && a.algo == b.algo && a.local_size == b.local_size && a.wire == b.wire;
 }
 
 }  // namespace gpucoll::algo

@@ -39,12 +39,24 @@ bool all_reduce_now(host::HostComm& c, py::handle x, RedOp op, int local_size) {
   return true;
 }
 
-// The arguments of HostComm::run from the binding's, checked: the algorithm by name, no fp8.
+// all_reduce's compress= by name; "" is none.
+Wire parse_wire(const std::string& name) {
+  for (int w = 1; w < kNumWires; ++w) {
+    if (name == wire_name(static_cast<Wire>(w))) return static_cast<Wire>(w);
+  }
+  if (name.empty()) return Wire::kNone;
+  GPUCOLL_INVALID_ARG("compress must be 'int8', 'fp8', 'bf16' or None; got '", name, "'");
+}
+
+// The arguments of HostComm::run from the binding's, checked: the algorithm by name, no fp8, the wire format. A
+// compressed call runs its own two-shot schedule; `algo_name` is ignored then.
 std::pair<host::CollArgs, const algo::Algorithm*> run_args(const std::string& algo_name, int coll, uintptr_t in,
                                                            uintptr_t out, int64_t count, DType dtype, RedOp op,
                                                            int root, int local_size, std::optional<double> premul,
-                                                           bool auto_algo) {
-  const algo::Algorithm* a = algo::find_algorithm(algo_name);
+                                                           bool auto_algo, const std::string& compress) {
+  const Wire wire = parse_wire(compress);
+  static const algo::Algorithm* const two_shot = algo::find_algorithm("twoshot");
+  const algo::Algorithm* a = wire != Wire::kNone ? two_shot : algo::find_algorithm(algo_name);
   if (a == nullptr) GPUCOLL_INVALID_ARG("unknown algorithm '", algo_name, "'");
   if (dtype_is_fp8(dtype)) {
     GPUCOLL_THROW(ErrorCode::kUnsupported, "", "the host backend has no ", dtype_name(dtype),
@@ -62,6 +74,7 @@ std::pair<host::CollArgs, const algo::Algorithm*> run_args(const std::string& al
   args.root = root;
   args.local_size = local_size;
   args.auto_algo = auto_algo;
+  args.wire = wire;
   return {args, a};
 }
 
@@ -104,6 +117,17 @@ void bind_host(py::module_& m) {
       py::arg("dtype"), py::arg("nranks"),
       "The bytes of 1/nranks in dtype as avg pre-multiplies floating inputs by it (NCCL's ncclAvg); None for "
       "integer dtypes, whose avg divides the sum.");
+  m.def(
+      "wire_roundtrip",
+      [](uintptr_t in, uintptr_t out, int64_t count, DType dtype, const std::string& compress) {
+        const Wire w = parse_wire(compress);
+        if (w == Wire::kNone) GPUCOLL_INVALID_ARG("compress must be 'int8', 'fp8' or 'bf16'; got '", compress, "'");
+        host::wire_roundtrip(w, dtype, reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count);
+      },
+      py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("compress"),
+      py::call_guard<py::gil_scoped_release>(),
+      "out = in after one trip through the wire format (host memory, block by block): what a rank's "
+      "all_reduce(compress=...) sends of `in`.");
   py::class_<HostComm, std::unique_ptr<HostComm, HostCommDeleter>>(m, "HostComm")
       // handle=None creates the region (rank 0); otherwise (pid, fd, token0, token1) from the creator's `handle`.
       .def(py::init([](int rank, int nranks, double timeout_s,
@@ -140,14 +164,16 @@ void bind_host(py::module_& m) {
       .def(
           "run",
           [](HostComm& c, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out, int64_t count,
-             DType dtype, RedOp op, int root, int local_size, std::optional<double> premul, bool auto_algo) {
+             DType dtype, RedOp op, int root, int local_size, std::optional<double> premul, bool auto_algo,
+             const std::string& compress) {
             const auto [args, a] =
-                run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo);
+                run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo, compress);
             c.run(args, *a);
           },
           py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
-          py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::call_guard<py::gil_scoped_release>())
+          py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::arg("compress") = "",
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "run_async",
           // run() on the communicator's progress thread, after every operation called before it; returns a Work at
@@ -155,9 +181,9 @@ void bind_host(py::module_& m) {
           // Work: its memory is written meanwhile.
           [](HostComm& c, py::object keep, const std::string& algo_name, int coll, uintptr_t in, uintptr_t out,
              int64_t count, DType dtype, RedOp op, int root, int local_size, std::optional<double> premul,
-             bool auto_algo) {
+             bool auto_algo, const std::string& compress) {
             const auto [args, a] =
-                run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo);
+                run_args(algo_name, coll, in, out, count, dtype, op, root, local_size, premul, auto_algo, compress);
             std::shared_ptr<Completion> done;
             {
               py::gil_scoped_release nogil;
@@ -169,7 +195,7 @@ void bind_host(py::module_& m) {
           },
           py::arg("keep"), py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,
-          py::arg("premul") = py::none(), py::arg("auto_algo") = false)
+          py::arg("premul") = py::none(), py::arg("auto_algo") = false, py::arg("compress") = "")
       .def(
           "all_reduce_array",
           // Communicator.all_reduce(x) in place on a NumPy array or a CPU torch.Tensor with algo="auto": one

@@ -80,6 +80,12 @@ class Backend(abc.ABC):
         """Run collective `coll` (`redop`: a gpucoll._C.RedOp, a PreMulSum, or None where the collective has no
         op); returns a Work for async_op where the operation may still run, else None."""
 
+    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
+        """all_reduce(x, compress=...): the sum or avg moved in a compressed wire format (gpucoll/compression.py);
+        returns like collective. Backends without one raise Unsupported."""
+        raise Unsupported(f"all_reduce(compress={compress!r}) is not available on the {self.name} backend: the host "
+                          f"backend compresses (CPU arrays); NCCL moves nothing narrower than the array's own dtype")
+
     # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
         """Send `buf` to `peer`, or receive into it; returns like collective."""

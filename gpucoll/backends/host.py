@@ -18,7 +18,7 @@ import socket
 
 from gpucoll import _buffers
 from gpucoll._native import _C
-from gpucoll.backends.base import BLOCKED, FAST_OPS, Backend
+from gpucoll.backends.base import ALL_REDUCE, BLOCKED, FAST_OPS, Backend
 from gpucoll.bootstrap._liveness import pid_exited
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
@@ -101,6 +101,24 @@ class Host(Backend):
             return self.impl.run_async((src.obj, dst.obj), name, coll, src.ptr, dst.ptr, count, src.dtype, op, root,
                                        self.local_size, premul, auto)
         self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul, auto)
+        return None
+
+    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
+        """The two-shot schedule over block-encoded records (csrc/backends/host/compressed.cc); the C++ side checks the
+        format's name, the dtype and the op after comparing the ranks' calls."""
+        if stream is not None:
+            raise InvalidArgument(_HOST_STREAM)
+        premul = None
+        if type(redop) is not _C.RedOp:  # a premul_sum: refused on every rank alike by the C++ check
+            premul, redop = float(redop.scalar), _C.RedOp.sum
+        args = ("twoshot", ALL_REDUCE, src.ptr, dst.ptr, src.count, src.dtype, redop, 0, self.local_size, premul,
+                False, compress)
+        if self._group is not None and self._group:
+            batch, self._group = self._group, []
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        if async_op and self._group is None:
+            return self.impl.run_async((src.obj, dst.obj), *args)
+        self.impl.run(*args)
         return None
 
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):

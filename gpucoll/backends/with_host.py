@@ -91,6 +91,9 @@ class WithHost(Backend):
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         return self._for(src).collective(coll, algo, src, dst, count, redop, root, stream, async_op)
 
+    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
+        return self._for(src).compressed_all_reduce(src, dst, redop, compress, stream, async_op)
+
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
         return self._for(buf).p2p(send, peer, buf, stream, async_op)
 

@@ -185,10 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw busbw and time vs size (needs matplotlib)")
     p.add_argument("--min-busbw", type=float, default=None, metavar="GBS",
                    help="exit status 1 when the average busbw (GB/s) is below this")
-    p.add_argument("--compare", choices=("gloo", "torch", "nccl", "unchecked"), default=None,
+    p.add_argument("--compare", choices=("gloo", "torch", "nccl", "unchecked", "none"), default=None,
                    help="also time this peer on the same sizes; adds its time and the ratio peer/gpucoll. "
                         "'unchecked' (host and custom backends; for measuring the cross-rank call check only): the same calls "
-                        "with the check off, alternating with the check on in the same ranks, medians of 5 each")
+                        "with the check off, alternating with the check on in the same ranks, medians of 5 each. "
+                        "'none' (with --compress): the same calls uncompressed, alternating likewise")
+    p.add_argument("--compress", choices=("int8", "fp8", "bf16"), default=None,
+                   help="all_reduce only: run all_reduce(x, compress=FMT) (floating datatypes, sum or avg; host "
+                        "backend); the check counts elements outside the error bound (docs/compression.md) and the "
+                        "table adds the largest error measured")
     p.add_argument("-T", "--timeout", type=_positive_float, default=d.timeout,
                    help="seconds a collective may wait for peers before failing")
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # tests: corrupt one element
@@ -249,8 +254,20 @@ def parse_args(argv: list[str] | None = None) -> Params:
         notes.append(f"{coll.name} has no root: -r is ignored")
     if args.root is not None and coll.rooted and args.nranks is not None and args.root >= args.nranks:
         parser.error(f"-r/--root {args.root} is not a rank of {args.nranks} (--nranks): expected 0 to {args.nranks - 1}")
+    if args.compress is not None:
+        if coll.name != "all_reduce":
+            parser.error(f"--compress applies to all_reduce; got {coll.name}")
+        bad = [t for t in dtypes if t not in ("float", "float32", "half", "float16", "bfloat16")]
+        if bad:
+            parser.error(f"--compress needs floating data (float, half, bfloat16); got -d {','.join(bad)}")
+        if any(op not in ("sum", "avg") for op in (args.op or ["sum"])):
+            parser.error(f"--compress reduces with sum or avg; got -o {','.join(args.op)}")
+        if algos != ["auto"]:
+            parser.error("--compress runs its own two-shot schedule: leave --algo auto")
+    if args.compare == "none" and args.compress is None:
+        parser.error("--compare none compares compressed calls with uncompressed ones: add --compress FMT")
     d = Params()
-    return Params(coll=args.collective, minbytes=args.minbytes, maxbytes=args.maxbytes, stepbytes=args.stepbytes,
+    return Params(compress=args.compress, coll=args.collective, minbytes=args.minbytes, maxbytes=args.maxbytes, stepbytes=args.stepbytes,
                   stepfactor=args.stepfactor, iters=args.iters, warmup_iters=args.warmup_iters, check=args.check,
                   dtypes=list(dtypes), ops=list(args.op or d.ops), dtypes_all=dtypes_all,
                   ops_all=getattr(args.op, "from_all", False), root=d.root if args.root is None else args.root,

@@ -29,7 +29,7 @@ import gpucoll
 from gpucoll import __version__
 from gpucoll._native import _C
 from gpucoll._spawn import free_port
-from gpucoll.bench import colls, devmem, report, virtual
+from gpucoll.bench import colls, compressed, devmem, report, virtual
 from gpucoll.bench.colls import DTYPES, DataContext, corrupt, count_wrong
 from gpucoll.cli import info
 from gpucoll.errors import GpucollError, InvalidArgument
@@ -64,6 +64,7 @@ class Params:
     plot: str | None = None  # --plot FILE.png
     min_busbw: float | None = None  # --min-busbw: exit 1 when the average busbw is below
     compare: str | None = None  # --compare gloo: the peer's name; peer_times holds its measurements
+    compress: str | None = None  # --compress int8: all_reduce's wire format
     peer_times: dict = field(default_factory=dict)  # (type, redop, size) -> seconds
     progress: bool = False  # tqdm bar on stderr (decided by the cli: stderr a TTY and enough rows)
     quiet: bool = False  # no table (--health-check prints its own summary)
@@ -120,6 +121,7 @@ class _Rank:
         self.rows: list[dict] = []
         self.errors_local = 0  # checks (size x placement) where this rank saw a wrong element
         self.wrong_local = 0  # wrong elements this rank saw, all checks together
+        self.max_error = 0.0  # --compress: the largest |error| checked in the current row
         self.bw_sum = {}  # algo -> [sum of busbw, count]
         self.refused: str | None = None  # why gpucoll refused nccl-tests' in-place call (said once)
         self.mem = devmem.for_comm(comm, p.staged)
@@ -201,7 +203,7 @@ class _Rank:
         p, coll, mem = self.p, self.coll, self.mem
         send, recv, send_obj, recv_obj, spans = self._views(counts, dt, in_place)
         ctx = DataContext(rank=self.rank, nranks=self.n, dtype=dt, op=op, root=p.root, algo=algo, counts=counts,
-                          in_place=in_place, send=send, recv=recv, copy=mem.copy)
+                          in_place=in_place, send=send, recv=recv, copy=mem.copy, compress=p.compress)
         # Ordinary numbers in the buffers while timing: garbage could hold denormals, which are slow on CPUs.
         coll.init_data(ctx)
         self._upload(spans)
@@ -260,7 +262,11 @@ class _Rank:
                 self._download(spans)
                 if p.inject_error and self.rank == self.n - 1:
                     corrupt(expects[0].buf)
-                local = sum(count_wrong(e) for e in expects)
+                if p.compress:  # elements outside the error bound, not bits that differ
+                    local, worst = compressed.errors(ctx, p.compress, expects[0].buf)
+                    self.max_error = max(self.max_error, worst)
+                else:
+                    local = sum(count_wrong(e) for e in expects)
                 if local:
                     self.errors_local += 1
                     self.wrong_local += local
@@ -307,6 +313,27 @@ class _Rank:
                 "ratio": unchecked / checked if checked else None, "checked_us": times[True],
                 "unchecked_us": times[False]}
 
+    def _uncompressed(self, dt, op: str, algo: str, counts) -> dict:
+        """--compare none (with --compress): out-of-place timings of the same call uncompressed and compressed,
+        alternating, UNCHECKED_ROUNDS of each in these same ranks; their medians and the ratio uncompressed /
+        compressed (above 1: compression is faster)."""
+        p, saved = self.p, list(self.bw_sum.get(algo, [0.0, 0]))
+        wire, check = p.compress, p.check
+        times: dict = {wire: [], None: []}
+        try:
+            p.check = 0
+            for _ in range(UNCHECKED_ROUNDS):
+                for mode in (wire, None):
+                    p.compress = mode
+                    times[mode].append(self.bench(dt, op, algo, counts, False)[0])
+        finally:
+            p.compress, p.check = wire, check
+            self.bw_sum[algo] = saved  # these timings are not rows of their own
+        ours, plain = statistics.median(times[wire]), statistics.median(times[None])
+        algbw, busbw = self.coll.get_bw(counts.param, dt.itemsize, plain * 1e-6, self.n) if plain > 0 else (0.0, 0.0)
+        return {"name": "none", "time": plain, "alg_bw": algbw, "bus_bw": busbw,
+                "ratio": plain / ours if ours else None, "compressed_us": times[wire], "uncompressed_us": times[None]}
+
     def time_test(self, dt, op: str, algo: str) -> None:
         coll, p = self.coll, self.p
         op_name = op if coll.reduces else "none"
@@ -327,6 +354,7 @@ class _Rank:
             # (a spreadsheet, a plot of merged runs) passes for a GPU timing.
             row["emulated"] = bool(getattr(self.mem, "emulated", False))
             oop = None
+            self.max_error = 0.0
             for in_place in (False, True):
                 res = self.bench(dt, op, algo, counts, in_place)
                 oop = res if not in_place else oop
@@ -334,11 +362,17 @@ class _Rank:
                 row["in_place" if in_place else "out_of_place"] = report.json_result(*(res or (None,) * 4))
             if p.compare == "unchecked":
                 peer = self._unchecked(dt, op, algo, counts)
+            elif p.compare == "none":
+                peer = self._uncompressed(dt, op, algo, counts)
             else:
                 peer = self._peer(dt, op_name, nbytes, counts, oop)
             if peer is not None:
                 row["peer"] = peer
                 self.out.write(report.row_peer(peer["time"], peer["ratio"]))
+            if p.compress:
+                row["compress"] = p.compress
+                row["max_error"] = self.max_error if p.check else None
+                self.out.write(report.row_max_error(row["max_error"]))
             self.out.write("\n")
             self.rows.append(row)
             self._tick()
@@ -420,7 +454,8 @@ class _Rank:
             self._progress_from = time.monotonic()
         for algo in p.algos:
             self.out.write(f"#\n# Algorithm: {algo}{self._picks(algo)}\n")
-            self.out.lines(report.header_lines_peer(p.compare) if p.compare else report.header_lines())
+            head = report.header_lines_peer(p.compare) if p.compare else report.header_lines()
+            self.out.lines(report.with_max_error(head) if p.compress else head)
             for name in p.dtypes:
                 for op in (p.ops if self.coll.reduces else ["sum"]):
                     self.time_test(DTYPES[name], op, algo)

@@ -223,6 +223,18 @@ def row_peer(peer_time_us: float | None, ratio: float | None) -> str:
                         "N/A" if ratio is None else float_str(ratio, 6))
 
 
+_ERR_HDR = "  %9s"
+
+
+def with_max_error(lines: list[str]) -> list[str]:
+    """The header lines with --compress's column: the largest |error| of the checked calls."""
+    return [lines[0], lines[1], lines[2].rstrip("\n") + _ERR_HDR % "maxerr" + "\n", lines[3].rstrip("\n") + _ERR_HDR % "" + "\n"]
+
+
+def row_max_error(value: float | None) -> str:
+    return _ERR_HDR % ("N/A" if value is None else f"{value:9.3g}")
+
+
 def flat_row(row: dict) -> dict:
     """A JSON row flattened for CSV: nested placement/peer objects become dotted columns."""
     out = {}

@@ -45,12 +45,18 @@ if not dist.is_available():
     raise ImportError(f"gpucoll.torch needs torch.distributed, which this torch build ({torch.__version__}) lacks")
 
 from gpucoll.errors import InvalidArgument
-from gpucoll.torch.hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from gpucoll.torch.hooks import (
+    CompressionState,
+    allreduce_hook,
+    bf16_compress_hook,
+    compressed_hook,
+    fp16_compress_hook,
+)
 from gpucoll.torch.process_group import BACKEND_NAME, ProcessGroupGpucoll, create
 from gpucoll.torch.work import Work
 
-__all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "Work", "allreduce_hook", "bf16_compress_hook", "create",
-           "dump_trace", "fp16_compress_hook", "register", "stragglers"]
+__all__ = ["BACKEND_NAME", "CompressionState", "ProcessGroupGpucoll", "Work", "allreduce_hook", "bf16_compress_hook",
+           "compressed_hook", "create", "dump_trace", "fp16_compress_hook", "register", "stragglers"]
 
 
 def stragglers(group=None, device="cpu", reset: bool = False):

@@ -24,12 +24,14 @@ import threading
 import torch
 import torch.distributed as dist
 
+from gpucoll import compression
 from gpucoll._make import init
+from gpucoll._native import _C
 from gpucoll.communicator import Communicator
-from gpucoll.errors import InvalidArgument
+from gpucoll.errors import InvalidArgument, Unsupported
 from gpucoll.torch.work import Work
 
-__all__ = ["allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
+__all__ = ["CompressionState", "allreduce_hook", "bf16_compress_hook", "compressed_hook", "fp16_compress_hook"]
 
 _BUILT: dict = {}  # (id(group), device) -> (group, Communicator), for state None / ProcessGroup (the group is held,
 # so its id is not reused while the entry lives)
@@ -61,12 +63,12 @@ def _communicator(state, tensor: torch.Tensor):
     return comm, True
 
 
-def _reduced(comm, background: bool, buffer: torch.Tensor, tensor: torch.Tensor, then=None):
+def _reduced(comm, background: bool, buffer: torch.Tensor, tensor: torch.Tensor, then=None, **kw):
     """Sums `tensor` over ranks in place, then runs then(); a future of `buffer` once both are done. CUDA: enqueued
     on the current stream, which later work waits for; CPU: on the communicator's progress thread when `background`,
     the future set there (as gloo's threads set it), else here."""
     if tensor.is_cuda or not background:
-        work = comm.all_reduce(tensor, async_op=True) if tensor.is_cuda else comm.all_reduce(tensor)
+        work = comm.all_reduce(tensor, async_op=True, **kw) if tensor.is_cuda else comm.all_reduce(tensor, **kw)
         if tensor.is_cuda:
             work.wait()  # the current stream waits for the all-reduce (it ran on it: a no-op ordering)
         if then is not None:
@@ -81,7 +83,7 @@ def _reduced(comm, background: bool, buffer: torch.Tensor, tensor: torch.Tensor,
             then()
         return buffer
 
-    return Work([buffer], native=comm.all_reduce(tensor, async_op=True)).get_future().then(finished)
+    return Work([buffer], native=comm.all_reduce(tensor, async_op=True, **kw)).get_future().then(finished)
 
 
 def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -114,6 +116,67 @@ def bf16_compress_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[t
     """Casts the bucket to bfloat16, averages it over ranks with gpucoll, and copies the result back (torch's
     bf16_compress_hook, on gpucoll)."""
     return _compress_hook(state, bucket, torch.bfloat16)
+
+
+class CompressionState:
+    """The state of compressed_hook: the wire format, the communicator (as the other hooks' state: a gpucoll
+    Communicator, a torch ProcessGroup or None for the default group), and with error feedback the residual of each
+    bucket: what compression dropped of this rank's gradients at the last step, added back at the next one (as 1-bit
+    Adam and PowerSGD do), so that no part of a gradient is lost for good, only delayed."""
+
+    def __init__(self, compress: str = "int8", group=None, error_feedback: bool = True):
+        if compress not in compression.WIRES:
+            raise InvalidArgument(f"compress must be one of {', '.join(compression.WIRES)}; got {compress!r}")
+        self.compress = compress
+        self.group = group
+        self.error_feedback = bool(error_feedback)
+        self.residuals: dict = {}  # bucket index -> float tensor of the bucket's size
+
+    def __repr__(self) -> str:
+        return (f"CompressionState(compress={self.compress!r}, error_feedback={self.error_feedback}, "
+                f"{len(self.residuals)} residual(s))")
+
+
+def compressed_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Averages the bucket over ranks with all_reduce(compress=state.compress) (int8/fp8 block-scaled, or bf16, on
+    the wire; summed in float32; docs/compression.md). With state.error_feedback, this rank first adds the residual
+    it kept of the bucket, and keeps as the new one what the wire format drops of that corrected gradient. CPU
+    gradients (the host backend compresses; the GPU backends raise Unsupported)::
+
+        model.register_comm_hook(gpucoll.torch.CompressionState("int8"), gpucoll.torch.compressed_hook)
+    """
+    if not isinstance(state, CompressionState):
+        raise InvalidArgument(f"compressed_hook's state must be a gpucoll.torch.CompressionState; got "
+                              f"{type(state).__name__}")
+    buffer = bucket.buffer()
+    comm, background = _communicator(state.group, buffer)
+    grad = buffer if buffer.is_contiguous() else buffer.contiguous()
+    if state.error_feedback:
+        residual = state.residuals.get(bucket.index())
+        if residual is None or residual.shape != grad.shape or residual.dtype != grad.dtype:
+            residual = torch.zeros_like(grad)
+            state.residuals[bucket.index()] = residual
+        grad = grad.add(residual)  # the corrected gradient: this step's and what the last step's wire dropped
+        _wire_roundtrip(grad, residual, state.compress)
+        torch.sub(grad, residual, out=residual)  # what the wire drops of it, sent at the next step
+
+    def copy_back():
+        if grad.data_ptr() != buffer.data_ptr():
+            buffer.copy_(grad)
+
+    return _reduced(comm, background, buffer, grad, copy_back, op="avg", compress=state.compress)
+
+
+_WIRE_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _wire_roundtrip(src: torch.Tensor, dst: torch.Tensor, compress: str) -> None:
+    """dst = src after one trip through the wire format, as this rank's all_reduce(compress=...) encodes it."""
+    name = _WIRE_DTYPES.get(src.dtype)
+    if name is None or src.is_cuda:
+        raise Unsupported(f"compressed_hook compresses float32, float16 and bfloat16 CPU gradients; got a "
+                          f"{src.dtype} bucket on {src.device}")
+    _C.wire_roundtrip(src.data_ptr(), dst.data_ptr(), src.numel(), getattr(_C.DType, name), compress)
 
 
 # DDP.register_comm_hook refuses any hook *named* bf16_compress_hook unless torch has CUDA and NCCL >= 2.10 (the

@@ -343,17 +343,29 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   p.nranks = opt_.nranks;
   p.root = a.root;
   p.local_size = a.local_size > 0 ? a.local_size : opt_.nranks;
-  const algo::CallSig sig = algo::make_call_sig(
+  // A compressed call runs its own schedule: the signature carries its format instead of an algorithm.
+  const bool compressed = a.wire != Wire::kNone;
+  algo::CallSig sig = algo::make_call_sig(
       static_cast<uint32_t>(op_seq_), static_cast<int32_t>(a.coll), static_cast<int32_t>(a.dtype),
-      a.premul ? algo::kSigPremulSum : static_cast<int32_t>(a.op), a.root, a.count, algo_index(algorithm),
-      uses_local_size(algorithm) ? p.local_size : 0, a.auto_algo);
+      a.premul ? algo::kSigPremulSum : static_cast<int32_t>(a.op), a.root, a.count,
+      compressed ? -1 : algo_index(algorithm), !compressed && uses_local_size(algorithm) ? p.local_size : 0,
+      a.auto_algo && !compressed);
+  sig.wire = static_cast<uint8_t>(a.wire);
   trace_id_ = trace_.begin(op_seq_, sig, a.count * static_cast<int64_t>(dtype_size(a.dtype)), TraceBackend::kHost,
                            awake_ns_, awake_ns_);
-  const char* why = algorithm.unusable(p);
-  if (why != nullptr && !call_check_) {
+  // Checked after the signatures are compared (below), so that a call no rank can run fails on every rank alike
+  // and one that only some ranks made is reported as a mismatch.
+  const char* why = compressed ? compress_unusable(a) : algorithm.unusable(p);
+  auto refuse = [&]() {
+    if (compressed) {
+      GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "compress='", wire_name(a.wire), "' cannot run ", what,
+                    " here: ", why, "; got dtype ", dtype_name(a.dtype), ", op ",
+                    a.premul ? "premul_sum" : redop_name(a.op));
+    }
     GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
                   " here: ", why);
-  }
+  };
+  if (why != nullptr && !call_check_) refuse();
   const uint64_t pieces_before = pieces_;
   try {
     if (why != nullptr || (a.count == 0 && call_check_)) {
@@ -361,6 +373,8 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
       post_sig(sig);
       complete_sync_step();
       check_arrivals(sig);
+    } else if (compressed) {
+      run_compressed(a, sig);
     } else {
       run_pieces(a, plan_for(algorithm, p), sig, scaled ? scale : nullptr);
     }
@@ -380,8 +394,7 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
   if (why != nullptr) {
     // The same call on every rank (the check passed), so every rank refuses it here, in step.
     end_op(static_cast<int>(a.coll), TraceState::kFailed);
-    GPUCOLL_THROW(ErrorCode::kInvalidArgument, what, "algorithm '", algorithm.name, "' cannot run ", what,
-                  " here: ", why);
+    refuse();
   }
   end_op(static_cast<int>(a.coll));
 }

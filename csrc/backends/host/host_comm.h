@@ -37,6 +37,7 @@
 #include "check/call_sig.h"
 #include "core/error.h"
 #include "core/flight_recorder.h"
+#include "core/quant.h"
 #include "core/stragglers.h"
 #include "core/types.h"
 #include "select/selector.h"
@@ -85,7 +86,15 @@ struct CollArgs {
   int root = 0;
   int local_size = 0;       // hierarchical schedules; 0 = nranks
   bool auto_algo = false;   // the algorithm was chosen by 'auto' (named as such in a mismatch error)
+  Wire wire = Wire::kNone;  // all_reduce(compress=...): the compressed schedule (compressed.cc) instead of `algorithm`
 };
+
+// out = what `in` is after one trip through wire format `w`, block by block (core/quant.h); in == out is fine. For
+// error feedback: what a rank's compressed all-reduce drops of its input is in - out.
+void wire_roundtrip(Wire w, DType dtype, const void* in, void* out, int64_t count);
+
+// Why a compressed call cannot run (not an all_reduce, not floating data, not a sum or avg), or nullptr.
+const char* compress_unusable(const CollArgs& a);
 
 class HostComm {
  public:
@@ -233,6 +242,8 @@ class HostComm {
   // `scale`: the pre-multiplier of every input element (one element of a.dtype: avg's 1/n on floating types,
   // premul_sum's scalar), or nullptr.
   void run_pieces(const CollArgs& a, const Plan& plan, const algo::CallSig& sig, const unsigned char* scale);
+  // The compressed all-reduce (compressed.cc): the two-shot shape over block-encoded records.
+  void run_compressed(const CollArgs& a, const algo::CallSig& sig);
   // Waits until `word` reaches target; same timeout/dead-peer rules as wait_done. `published` is what this rank
   // says it waits for (the peer's step count, or kP2PWait), for peers that follow the chain of waits.
   void wait_word(WaitWord* w, uint32_t target, int peer, uint32_t published);

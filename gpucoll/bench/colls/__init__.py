@@ -90,6 +90,7 @@ class DataContext:
     # that copies inside its timed call (broadcast out of place) uses this, never ctx.send/ctx.recv, which are
     # the host mirrors of a CUDA run.
     copy: Callable[[Any, Any], None] = np.copyto
+    compress: str | None = None  # --compress: all_reduce's wire format
 
 
 @dataclass(frozen=True)

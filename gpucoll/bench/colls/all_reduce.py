@@ -23,6 +23,8 @@ def get_bw(count: int, itemsize: int, sec: float, nranks: int):
 
 
 def run(comm, send, recv, ctx: DataContext):
+    if ctx.compress:
+        return comm.all_reduce(send, out=None if ctx.in_place else recv, op=ctx.op, compress=ctx.compress)
     return comm.all_reduce(send, out=None if ctx.in_place else recv, op=ctx.op, algo=ctx.algo)
 
 
