@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from gpucoll import _buffers, _log, backends, config, flight_recorder
+from gpucoll import _buffers, _coalesced, _log, backends, config, flight_recorder
 from gpucoll import group as groups
 from gpucoll._native import _C
 from gpucoll.backends.base import (
@@ -356,6 +356,27 @@ class Communicator:
         dst = self._resolve_out(src, out, src.count * self._world_size, shape, slice_in_place="x_in_out")
         work = self._run(ALL_GATHER, algo, src, dst, src.count, None, 0, stream, async_op)
         return _result(work, dst.obj) if async_op else dst.obj
+
+    def all_reduce_coalesced(self, arrays, op="sum", *, async_op=False):
+        """all_reduce of every array of `arrays` (a list of one dtype) in place, fused (tensor fusion): the host backend
+        packs them into one staging buffer and makes one collective per GPUCOLL_HOST_FUSION_BYTES (in place where they
+        are consecutive views of one buffer); nccl issues one all_reduce per array in one NCCL group; custom one call
+        per array. Every rank must pass arrays of the same sizes in the same order: on the host backend a different
+        total raises InvalidArgument on every rank. Returns `arrays` (a Work for async_op)."""
+        self._check_open("all_reduce_coalesced")
+        return _coalesced.all_reduce(self, arrays, op, async_op)
+
+    def all_gather_coalesced(self, inputs, outputs=None, *, async_op=False):
+        """all_gather of each array of `inputs` (one dtype) into its own output of ``world_size * len(inputs[i])``
+        rows (new arrays when `outputs` is None), fused as all_reduce_coalesced is (the host backend always stages).
+        Returns the outputs (a Work for async_op)."""
+        self._check_open("all_gather_coalesced")
+        return _coalesced.all_gather(self, inputs, outputs, async_op)
+
+    def _track(self, work) -> None:
+        """An async_op=True operation that runs on another thread: its failure is recorded when it ends (_ended)."""
+        if hasattr(work, "add_done_callback"):
+            work.add_done_callback(functools.partial(self._ended, work))
 
     def reduce_scatter(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` across ranks and give rank r the r-th of ``world_size`` equal blocks along axis 0."""

@@ -46,6 +46,7 @@ class Backend(abc.ABC):
     others have defaults that fit a backend without the feature."""
 
     name = ""  # what init(backend=...) calls it
+    group_fuses = False  # group() fuses collectives (coalesced calls then issue theirs inside one)
     on_gpu = False  # takes CUDA buffers and init(device=...)
 
     def __init__(self, impl, *, rank: int, world_size: int, local_size: int = 0, selector=None,
@@ -79,6 +80,20 @@ class Backend(abc.ABC):
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         """Run collective `coll` (`redop`: a gpucoll._C.RedOp, a PreMulSum, or None where the collective has no
         op); returns a Work for async_op where the operation may still run, else None."""
+
+    def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
+        """all_reduce of each buffer of `bufs` (one dtype, one device) in place, as few calls as the backend can
+        (gpucoll/_coalesced.py); returns like collective. `keep`: the caller's arrays. By default one all_reduce per
+        buffer, inside group() where it fuses them (group_fuses: NCCL's)."""
+        from gpucoll import _coalesced
+
+        return _coalesced.per_array(self, ALL_REDUCE, bufs, bufs, redop, async_op)
+
+    def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        """all_gather of each buffer of `srcs` into the same place of `dsts`; as all_reduce_coalesced."""
+        from gpucoll import _coalesced
+
+        return _coalesced.per_array(self, ALL_GATHER, srcs, dsts, None, async_op)
 
     # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):

@@ -91,6 +91,14 @@ class WithHost(Backend):
     def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
         return self._for(src).collective(coll, algo, src, dst, count, redop, root, stream, async_op)
 
+    def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
+        if not bufs:
+            return None
+        return self._for(bufs[0]).all_reduce_coalesced(bufs, redop, async_op, keep)
+
+    def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        return self._for(srcs[0]).all_gather_coalesced(srcs, dsts, async_op)
+
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
         return self._for(buf).p2p(send, peer, buf, stream, async_op)
 
