@@ -199,12 +199,29 @@ void all_gather_pieces(host::HostComm& c, const std::vector<Piece>& ins, const s
 }
 
 // The arrays of a coalesced call as the host backend reads them: (pieces, dtype), or the index of the first array
-// it cannot read or whose dtype is not the first's (the Python path then names the problem).
+// it cannot read, whose dtype is not the first's, or that overlaps another (the Python path then names the problem).
 struct Read {
   std::vector<Piece> pieces;
   DType dtype = DType::kF32;
   py::ssize_t declined = -1;
 };
+
+// The index of an array that shares memory with another, or -1. Lists are usually in address order (views of one
+// buffer, arrays allocated one after the other), which one pass confirms; others are sorted.
+py::ssize_t first_overlap(const std::vector<Piece>& pieces) {
+  std::vector<size_t> order;
+  order.reserve(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].bytes > 0) order.push_back(i);
+  }
+  auto before = [&](size_t a, size_t b) { return pieces[a].ptr < pieces[b].ptr; };
+  if (!std::is_sorted(order.begin(), order.end(), before)) std::sort(order.begin(), order.end(), before);
+  for (size_t k = 1; k < order.size(); ++k) {
+    const Piece& lo = pieces[order[k - 1]];
+    if (lo.ptr + lo.bytes > pieces[order[k]].ptr) return static_cast<py::ssize_t>(std::max(order[k - 1], order[k]));
+  }
+  return -1;
+}
 
 Read read_arrays(const py::sequence& arrays) {
   Read r;
@@ -219,6 +236,7 @@ Read read_arrays(const py::sequence& arrays) {
     r.dtype = view.dtype;
     r.pieces.push_back({static_cast<char*>(view.data), view.count * static_cast<int64_t>(dtype_size(view.dtype))});
   }
+  r.declined = first_overlap(r.pieces);
   return r;
 }
 
