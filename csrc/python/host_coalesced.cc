@@ -97,19 +97,6 @@ void check_totals(host::HostComm& c, int64_t total, DType dtype, int local_size,
                       "same order");
 }
 
-// Runs `body`; a call mismatch it meets says that the collectives it names were a coalesced call's (every rank
-// catches the same error alike, so the communicator stays as usable as the check leaves it).
-template <class F>
-void as_coalesced(const char* what, F&& body) {
-  try {
-    body();
-  } catch (const host::CallMismatch& e) {
-    throw host::CallMismatch(std::string("in ") + what + " (its arrays packed into one collective per chunk, of the "
-                                 "total size of the arrays): " + e.message(),
-                             e.call().c_str(), e.ranks(), __FILE__, __LINE__);
-  }
-}
-
 // The whole coalesced all-reduce, without the GIL. `staging` grows to one chunk at most.
 void all_reduce_pieces(host::HostComm& c, const std::vector<Piece>& pieces, DType dtype, RedOp op, int local_size,
                        int64_t chunk_bytes, std::vector<char>* staging) {
@@ -281,23 +268,11 @@ class HostCoalescer {
       dsts.push_back(reinterpret_cast<char*>(outs[i]));
     }
     const int64_t chunk = chunk_bytes_;
-    if (async_op) {
-      std::shared_ptr<Completion> done;
-      {
-        py::gil_scoped_release nogil;
-        done = c.submit([&c, pieces = std::move(pieces), dsts = std::move(dsts), dtype, local_size, chunk]() {
-          std::vector<char> own;
-          as_coalesced("all_gather_coalesced",
-                       [&] { all_gather_pieces(c, pieces, dsts, dtype, local_size, chunk, &own); });
-        });
-      }
-      return py::cast(std::make_shared<NativeWork>(std::move(done), std::move(keep)));
-    }
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(mu_);
-    as_coalesced("all_gather_coalesced",
-                 [&] { all_gather_pieces(c, pieces, dsts, dtype, local_size, chunk, &staging_); });
-    return py::none();
+    return run_or_submit(c, "all_gather_coalesced", async_op, std::move(keep),
+                         [&c, pieces = std::move(pieces), dsts = std::move(dsts), dtype, local_size,
+                          chunk](std::vector<char>* staging) {
+                           all_gather_pieces(c, pieces, dsts, dtype, local_size, chunk, staging);
+                         });
   }
 
   int64_t chunk_bytes() const { return chunk_bytes_; }
@@ -310,23 +285,42 @@ class HostCoalescer {
     pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.bytes == 0; }),
                  pieces.end());
     const int64_t chunk = chunk_bytes_;
+    return run_or_submit(c, "all_reduce_coalesced", async_op, std::move(keep),
+                         [&c, pieces = std::move(pieces), dtype, op, local_size, chunk](std::vector<char>* staging) {
+                           all_reduce_pieces(c, pieces, dtype, op, local_size, chunk, staging);
+                         });
+  }
+
+  // Runs `body(staging)` now, without the GIL, on the shared staging buffer; for async_op, on the communicator's
+  // progress thread with a staging buffer of its own, returning its Work at once (`keep` alive until it ran: a
+  // tuple, not the caller's list, which may change meanwhile). A call mismatch says that the collectives it names
+  // were a coalesced call's (every rank catches the same error alike, so the communicator stays as usable as the
+  // call check leaves it).
+  template <class Body>
+  py::object run_or_submit(host::HostComm& c, const char* what, bool async_op, py::object keep, Body body) {
+    auto checked = [what, body = std::move(body)](std::vector<char>* staging) {
+      try {
+        body(staging);
+      } catch (const host::CallMismatch& e) {
+        throw host::CallMismatch(std::string("in ") + what + " (its arrays packed into one collective per chunk, "
+                                     "of the total size of the arrays): " + e.message(),
+                                 e.call().c_str(), e.ranks(), __FILE__, __LINE__);
+      }
+    };
     if (async_op) {
       std::shared_ptr<Completion> done;
       {
         py::gil_scoped_release nogil;
-        done = c.submit([&c, pieces = std::move(pieces), dtype, op, local_size, chunk]() {
+        done = c.submit([checked = std::move(checked)]() {
           std::vector<char> own;
-          as_coalesced("all_reduce_coalesced",
-                       [&] { all_reduce_pieces(c, pieces, dtype, op, local_size, chunk, &own); });
+          checked(&own);
         });
       }
-      // A tuple, not the caller's list: the list may change while the operation runs.
       return py::cast(std::make_shared<NativeWork>(std::move(done), py::tuple(std::move(keep))));
     }
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(mu_);
-    as_coalesced("all_reduce_coalesced",
-                 [&] { all_reduce_pieces(c, pieces, dtype, op, local_size, chunk, &staging_); });
+    checked(&staging_);
     return py::none();
   }
 

@@ -239,3 +239,39 @@ def test_coalesced_host(reports):
     assert len(per_rank) == world_size
     failures = [f"rank {r}: {f}" for r, fails in enumerate(per_rank) for f in fails]
     assert not failures, helpers.format_failures(failures)
+
+
+def test_per_array_fallback_inside_a_fusing_group():
+    """The fallback of backends without a fused path (nccl, custom): one collective per array, inside group() where
+    the backend's group fuses launches (NCCL's), in list order, the last Work returned."""
+    import contextlib
+
+    from gpucoll import _buffers, _coalesced
+    from gpucoll.backends.base import ALL_GATHER, ALL_REDUCE
+
+    class Fake:
+        name = "fake"
+
+        def __init__(self, fuses):
+            self.group_fuses, self.log = fuses, []
+
+        @contextlib.contextmanager
+        def group(self):
+            self.log.append("start")
+            yield
+            self.log.append("end")
+
+        def collective(self, coll, algo, src, dst, count, redop, root, stream, async_op):
+            self.log.append((coll, src.ptr, dst.ptr, count, redop, async_op))
+            return f"work{len(self.log)}"
+
+    xs = [np.zeros(n, np.float32) for n in (3, 1, 5)]
+    outs = [np.zeros(2 * n, np.float32) for n in (3, 1, 5)]
+    bufs = [_buffers.resolve(x, "x") for x in xs]
+    dsts = [_buffers.resolve(o, "out") for o in outs]
+    nccl = Fake(True)
+    assert _coalesced.per_array(nccl, ALL_REDUCE, bufs, bufs, "op", True) == "work4"
+    assert nccl.log == ["start", *[(ALL_REDUCE, b.ptr, b.ptr, b.count, "op", True) for b in bufs], "end"]
+    custom = Fake(False)
+    _coalesced.per_array(custom, ALL_GATHER, bufs, dsts, "op", False)
+    assert custom.log == [(ALL_GATHER, b.ptr, d.ptr, b.count, None, False) for b, d in zip(bufs, dsts)]
