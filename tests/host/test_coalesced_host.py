@@ -132,6 +132,15 @@ def _worker(comm, with_torch):
     work.wait()
     check("numpy async_op", arrays, cases)
 
+    # A synchronous call after an async one on the same arrays packs them only once the async one wrote them.
+    for sizes in ((300, 5, 70), (3000, 5, 700)):  # one chunk, several
+        seq = [np.full(n, r + 1, np.int64) for n in sizes]
+        work = comm.all_reduce_coalesced(seq, async_op=True)
+        comm.all_reduce_coalesced(seq)
+        work.wait()
+        if not all(np.all(a == W * (W * (W + 1) // 2)) for a in seq):
+            fails.append(f"async then sync on the same arrays {sizes}: {[int(a[0]) for a in seq]}")
+
     # premul_sum goes per array (the native path reduces with RedOps).
     x = [np.full(3, r + 1, np.float32), np.full(5, 2 * (r + 1), np.float32)]
     comm.all_reduce_coalesced(x, op=gpucoll.premul_sum(2.0))
