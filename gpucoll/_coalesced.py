@@ -13,11 +13,8 @@ launch and NCCL's set-up on a GPU); fused, they cost it about once. What each ba
 
 from __future__ import annotations
 
-import contextlib
-
 from gpucoll import _buffers
 from gpucoll._native import _C
-from gpucoll.backends.base import ALL_GATHER
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, RemoteError
 
 
@@ -47,34 +44,26 @@ def _resolve_all(comm, arrays, arg: str, writable: bool) -> list:
     return bufs
 
 
-def all_reduce(comm, arrays, op, async_op: bool):
-    from gpucoll.communicator import _parse_op, _result  # communicator.py imports this module
-
+def all_reduce(comm, arrays, redop, async_op: bool):
+    """Communicator.all_reduce_coalesced with `redop` parsed: the backend's Work, or None where it finished."""
     arrays = _as_list(arrays, "arrays")
-    redop = _parse_op(op)
     ops = comm._ops
     try:
         fast = getattr(ops, "fast_all_reduce_coalesced", None)
         declined = fast(arrays, redop, async_op) if fast is not None and type(redop) is _C.RedOp else 0
-        if declined is None or not isinstance(declined, int):  # it ran: None, or its Work
-            work = declined
-        else:
-            # The native reader declined arrays[declined] (or there is none): the general path names what is wrong
-            # with it, or takes what the reader does not (empty arrays, other buffer types).
-            bufs = _resolve_all(comm, arrays, "arrays", writable=True)
-            work = ops.all_reduce_coalesced(bufs, redop, async_op, arrays)
+        if not isinstance(declined, int):  # it ran: None, or its Work
+            return declined
+        # The native reader declined arrays[declined] (or there is none): the general path names what is wrong with
+        # it, or takes what the reader does not (empty arrays, other buffer types).
+        bufs = _resolve_all(comm, arrays, "arrays", writable=True)
+        return ops.all_reduce_coalesced(bufs, redop, async_op, arrays)
     except (CollectiveTimeout, RemoteError) as e:
         comm._failure(e)
         raise
-    if async_op:
-        comm._track(work)
-        return _result(work, arrays)
-    return arrays
 
 
 def all_gather(comm, inputs, outputs, async_op: bool):
-    from gpucoll.communicator import _result
-
+    """Communicator.all_gather_coalesced: (the backend's Work or None, the outputs)."""
     inputs = _as_list(inputs, "inputs")
     srcs = _resolve_all(comm, inputs, "inputs", writable=False)
     world = comm.world_size
@@ -98,20 +87,4 @@ def all_gather(comm, inputs, outputs, async_op: bool):
     except (CollectiveTimeout, RemoteError) as e:
         comm._failure(e)
         raise
-    result = [d.obj for d in dsts]
-    if async_op:
-        comm._track(work)
-        return _result(work, result)
-    return result
-
-
-def per_array(backend, coll: int, srcs, dsts, redop, async_op: bool):
-    """The fallback of a backend without a fused path: one collective per array, inside its group() where that fuses
-    them (backend.group_fuses); the last Work (they run in order on one stream)."""
-    work = None
-    with backend.group() if backend.group_fuses else contextlib.nullcontext():
-        for s, d in zip(srcs, dsts):
-            w = backend.collective(coll, "auto", s, d, s.count, redop if coll != ALL_GATHER else None, 0, None,
-                                   async_op)
-            work = w if w is not None else work
-    return work
+    return work, [d.obj for d in dsts]

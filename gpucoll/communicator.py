@@ -364,14 +364,22 @@ class Communicator:
         per array. Every rank must pass arrays of the same sizes in the same order: on the host backend a different
         total raises InvalidArgument on every rank. Returns `arrays` (a Work for async_op)."""
         self._check_open("all_reduce_coalesced")
-        return _coalesced.all_reduce(self, arrays, op, async_op)
+        work = _coalesced.all_reduce(self, arrays, _parse_op(op), async_op)
+        if async_op:
+            self._track(work)
+            return _result(work, arrays)
+        return arrays
 
     def all_gather_coalesced(self, inputs, outputs=None, *, async_op=False):
         """all_gather of each array of `inputs` (one dtype) into its own output of ``world_size * len(inputs[i])``
         rows (new arrays when `outputs` is None), fused as all_reduce_coalesced is (the host backend always stages).
         Returns the outputs (a Work for async_op)."""
         self._check_open("all_gather_coalesced")
-        return _coalesced.all_gather(self, inputs, outputs, async_op)
+        work, outs = _coalesced.all_gather(self, inputs, outputs, async_op)
+        if async_op:
+            self._track(work)
+            return _result(work, outs)
+        return outs
 
     def _track(self, work) -> None:
         """An async_op=True operation that runs on another thread: its failure is recorded when it ends (_ended)."""

@@ -15,6 +15,7 @@ Adding a backend is one file in this package with a Backend subclass, and one li
 from __future__ import annotations
 
 import abc
+import contextlib
 
 from gpucoll._native import _C
 from gpucoll.errors import Unsupported
@@ -85,15 +86,20 @@ class Backend(abc.ABC):
         """all_reduce of each buffer of `bufs` (one dtype, one device) in place, as few calls as the backend can
         (gpucoll/_coalesced.py); returns like collective. `keep`: the caller's arrays. By default one all_reduce per
         buffer, inside group() where it fuses them (group_fuses: NCCL's)."""
-        from gpucoll import _coalesced
-
-        return _coalesced.per_array(self, ALL_REDUCE, bufs, bufs, redop, async_op)
+        return self._per_array(ALL_REDUCE, bufs, bufs, redop, async_op)
 
     def all_gather_coalesced(self, srcs, dsts, async_op: bool):
         """all_gather of each buffer of `srcs` into the same place of `dsts`; as all_reduce_coalesced."""
-        from gpucoll import _coalesced
+        return self._per_array(ALL_GATHER, srcs, dsts, None, async_op)
 
-        return _coalesced.per_array(self, ALL_GATHER, srcs, dsts, None, async_op)
+    def _per_array(self, coll: int, srcs, dsts, redop, async_op: bool):
+        """One collective per buffer, in list order; the last Work (they run in order on one stream)."""
+        work = None
+        with self.group() if self.group_fuses else contextlib.nullcontext():
+            for s, d in zip(srcs, dsts):
+                w = self.collective(coll, "auto", s, d, s.count, redop, 0, None, async_op)
+                work = w if w is not None else work
+        return work
 
     # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):

@@ -255,11 +255,14 @@ def test_per_array_fallback_inside_a_fusing_group():
     the backend's group fuses launches (NCCL's), in list order, the last Work returned."""
     import contextlib
 
-    from gpucoll import _buffers, _coalesced
-    from gpucoll.backends.base import ALL_GATHER, ALL_REDUCE
+    from gpucoll import _buffers
+    from gpucoll.backends.base import ALL_GATHER, ALL_REDUCE, Backend
 
     class Fake:
         name = "fake"
+        all_reduce_coalesced = Backend.all_reduce_coalesced
+        all_gather_coalesced = Backend.all_gather_coalesced
+        _per_array = Backend._per_array
 
         def __init__(self, fuses):
             self.group_fuses, self.log = fuses, []
@@ -279,8 +282,8 @@ def test_per_array_fallback_inside_a_fusing_group():
     bufs = [_buffers.resolve(x, "x") for x in xs]
     dsts = [_buffers.resolve(o, "out") for o in outs]
     nccl = Fake(True)
-    assert _coalesced.per_array(nccl, ALL_REDUCE, bufs, bufs, "op", True) == "work4"
+    assert nccl.all_reduce_coalesced(bufs, "op", True, xs) == "work4"
     assert nccl.log == ["start", *[(ALL_REDUCE, b.ptr, b.ptr, b.count, "op", True) for b in bufs], "end"]
     custom = Fake(False)
-    _coalesced.per_array(custom, ALL_GATHER, bufs, dsts, "op", False)
+    custom.all_gather_coalesced(bufs, dsts, False)
     assert custom.log == [(ALL_GATHER, b.ptr, d.ptr, b.count, None, False) for b, d in zip(bufs, dsts)]
