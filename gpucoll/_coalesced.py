@@ -83,7 +83,7 @@ def all_gather(comm, inputs, outputs, async_op: bool):
                 if d.overlaps(other):
                     raise InvalidArgument(f"outputs[{i}] overlaps inputs[{j}]; pass separate arrays")
     try:
-        work = comm._ops.all_gather_coalesced(srcs, dsts, async_op) if srcs else None
+        work = comm._ops.all_gather_coalesced(srcs, dsts, async_op)
     except (CollectiveTimeout, RemoteError) as e:
         comm._failure(e)
         raise

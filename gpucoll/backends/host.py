@@ -123,14 +123,15 @@ class Host(Backend):
     def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
         if type(redop) is not _C.RedOp:  # premul_sum: the native path reduces with RedOps only
             return super().all_reduce_coalesced(bufs, redop, async_op, keep)
-        dtype = bufs[0].dtype if bufs else _C.DType.float32
+        dtype = bufs[0].dtype if bufs else _C.DType.float32  # an empty list is still one (empty) collective
         return self._fusion().all_reduce_ptrs(self.impl, [(b.ptr, b.nbytes) for b in bufs], dtype, redop,
                                               self.local_size, async_op and self._group is None,
                                               tuple(b.obj for b in bufs))
 
     def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        dtype = srcs[0].dtype if srcs else _C.DType.float32  # an empty list is still one (empty) collective
         return self._fusion().all_gather_ptrs(self.impl, [(b.ptr, b.nbytes) for b in srcs], [d.ptr for d in dsts],
-                                              srcs[0].dtype, self.local_size, async_op and self._group is None,
+                                              dtype, self.local_size, async_op and self._group is None,
                                               tuple(b.obj for b in (*srcs, *dsts)))
 
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):

@@ -97,6 +97,8 @@ class WithHost(Backend):
         return self._for(bufs[0]).all_reduce_coalesced(bufs, redop, async_op, keep)
 
     def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        if not srcs:
+            return None
         return self._for(srcs[0]).all_gather_coalesced(srcs, dsts, async_op)
 
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):

@@ -148,9 +148,16 @@ def _worker(comm, with_torch):
     if not (np.all(x[0] == tot) and np.all(x[1] == 2 * tot)):
         fails.append(f"premul_sum: got {x[0].tolist()} {x[1].tolist()}")
 
-    # Empty list, single array, a tuple.
-    if comm.all_reduce_coalesced([]) != []:
+    # Empty list (still one collective: a rank with nothing meets the others), single array, a tuple.
+    seq = comm._impl.op_seq
+    if comm.all_reduce_coalesced([]) != [] or comm.all_gather_coalesced([]) != []:
         fails.append("empty list: not returned")
+    if comm._impl.op_seq != seq + 2:
+        fails.append(f"empty lists made {comm._impl.op_seq - seq} collectives, not 2")
+    err = _raises(lambda: comm.all_reduce_coalesced([] if r else [np.ones(3, np.float32)]), gpucoll.InvalidArgument,
+                  "all_reduce_coalesced")
+    if err:
+        fails.append(f"an empty list on some ranks only: {err}")
     one = np.arange(10, dtype=np.int64) * (r + 1)
     comm.all_reduce_coalesced((one,))
     if not np.array_equal(one, np.arange(10) * (W * (W + 1) // 2)):
