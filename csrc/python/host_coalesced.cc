@@ -10,10 +10,10 @@
 // zero-copy where another stages, and their calls still pair.
 //
 // Mismatched lists must fail on every rank, never return plausible numbers. A call of one chunk carries its total
-// in the count of its all-reduce, which the host backend's call check compares across ranks. Several chunks cannot:
+// in the count of its collective, which the host backend's call check compares across ranks. Several chunks cannot:
 // a rank whose total is a multiple of the chunk would end where another goes on, each chunk count agreeing. Those
-// calls first all-gather every rank's total (one 8-byte all-gather, which would also meet a one-chunk call's
-// all-reduce and fail the call check there), and every rank compares the same table.
+// calls first exchange every rank's total in a small collective of another kind (check_totals: one that would meet
+// a one-chunk call's data collective and fail the call check there), and every rank compares the same numbers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -76,25 +76,39 @@ void copy_span(const std::vector<Piece>& pieces, const Span& s, char* staging, b
   }
 }
 
-// Raises the same InvalidArgument on every rank when the ranks' totals differ (see the top of the file).
-void check_totals(host::HostComm& c, int64_t total, DType dtype, int local_size, const char* what) {
-  std::vector<int64_t> all(static_cast<size_t>(c.nranks()));
+// Raises the same InvalidArgument on every rank when the ranks' totals differ (see the top of the file). The check
+// must be a collective that no data call of the same coalesced call can pair with: an all-gather of the totals
+// before an all-reduce's chunks; before an all-gather's chunks, an all-reduce (max) of each rank's total and its
+// negation, which gives every rank the largest and the smallest.
+void check_totals(host::HostComm& c, int64_t total, int local_size, algo::Coll data, const char* what) {
   host::CollArgs args;
-  args.coll = algo::Coll::kAllGather;
-  args.in = &total;
-  args.out = all.data();
-  args.count = 1;
   args.dtype = DType::kI64;
   args.local_size = local_size;
   args.auto_algo = true;
-  c.run(args, c.auto_algorithm(algo::Coll::kAllGather, static_cast<int64_t>(sizeof(int64_t)) * c.nranks(),
-                               local_size));
-  if (std::all_of(all.begin(), all.end(), [&](int64_t t) { return t == all[0]; })) return;
   std::string table;
-  for (size_t r = 0; r < all.size(); ++r) table += (r ? ", " : "") + std::to_string(all[r]);
-  GPUCOLL_INVALID_ARG(what, ": the ranks passed lists of different total sizes (", dtype_name(dtype),
-                      " elements per rank: ", table, "); every rank must pass arrays of the same sizes, in the "
-                      "same order");
+  if (data == algo::Coll::kAllReduce) {
+    std::vector<int64_t> all(static_cast<size_t>(c.nranks()));
+    args.coll = algo::Coll::kAllGather;
+    args.in = &total;
+    args.out = all.data();
+    args.count = 1;
+    c.run(args, c.auto_algorithm(args.coll, static_cast<int64_t>(sizeof(int64_t)) * c.nranks(), local_size));
+    if (std::all_of(all.begin(), all.end(), [&](int64_t t) { return t == all[0]; })) return;
+    for (size_t r = 0; r < all.size(); ++r) table += (r ? ", " : "") + std::to_string(all[r]);
+    table = "elements per rank: " + table;
+  } else {
+    int64_t range[2] = {total, -total};
+    args.coll = algo::Coll::kAllReduce;
+    args.op = RedOp::kMax;
+    args.in = range;
+    args.out = range;
+    args.count = 2;
+    c.run(args, c.auto_algorithm(args.coll, static_cast<int64_t>(sizeof(range)), local_size));
+    if (range[0] == -range[1]) return;
+    table = "from " + std::to_string(-range[1]) + " to " + std::to_string(range[0]) + " elements per rank";
+  }
+  GPUCOLL_INVALID_ARG(what, ": the ranks passed lists of different total sizes (", table,
+                      "); every rank must pass arrays of the same sizes, in the same order");
 }
 
 // The whole coalesced all-reduce, without the GIL. `staging` grows to one chunk at most.
@@ -104,7 +118,9 @@ void all_reduce_pieces(host::HostComm& c, const std::vector<Piece>& pieces, DTyp
   int64_t total_bytes = 0;
   for (const Piece& p : pieces) total_bytes += p.bytes;
   const int64_t chunk = std::max<int64_t>(esize, chunk_bytes / esize * esize);
-  if (total_bytes > chunk) check_totals(c, total_bytes / esize, dtype, local_size, "all_reduce_coalesced");
+  if (total_bytes > chunk) {
+    check_totals(c, total_bytes / esize, local_size, algo::Coll::kAllReduce, "all_reduce_coalesced");
+  }
   host::CollArgs args;
   args.coll = algo::Coll::kAllReduce;
   args.dtype = dtype;
@@ -152,7 +168,9 @@ void all_gather_pieces(host::HostComm& c, const std::vector<Piece>& ins, const s
   int64_t total_bytes = 0;
   for (const Piece& p : ins) total_bytes += p.bytes;
   const int64_t chunk = std::max<int64_t>(esize, chunk_bytes / (nranks + 1) / esize * esize);
-  if (total_bytes > chunk) check_totals(c, total_bytes / esize, dtype, local_size, "all_gather_coalesced");
+  if (total_bytes > chunk) {
+    check_totals(c, total_bytes / esize, local_size, algo::Coll::kAllGather, "all_gather_coalesced");
+  }
   // Rank r's block of every output, as pieces in the packed order of the inputs.
   std::vector<std::vector<Piece>> blocks(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {

@@ -213,6 +213,11 @@ def _worker(comm, with_torch):
                   gpucoll.InvalidArgument, "all_gather_coalesced")
     if err:
         fails.append(f"all_gather_coalesced, mismatched lists: {err}")
+    # One int64 on a rank, several chunks elsewhere: the data call of the one must not pair with the totals' check.
+    err = _raises(lambda: comm.all_gather_coalesced([np.ones(1 if r == 0 else 2000, np.int64)]),
+                  gpucoll.InvalidArgument, "all_gather_coalesced")
+    if err:
+        fails.append(f"all_gather_coalesced, one int64 against several chunks: {err}")
 
     # all_gather_coalesced: each input into its own output of world_size x its rows, in rank order; new outputs,
     # given ones, and several chunks (each chunk holds this rank's piece and every rank's copy).
