@@ -358,33 +358,24 @@ class Communicator:
         return _result(work, dst.obj) if async_op else dst.obj
 
     def all_reduce_coalesced(self, arrays, op="sum", *, async_op=False):
-        """all_reduce of every array of `arrays` (a list of one dtype) in place, fused (tensor fusion): the host backend
-        packs them into one staging buffer and makes one collective per GPUCOLL_HOST_FUSION_BYTES (in place where they
-        are consecutive views of one buffer); nccl issues one all_reduce per array in one NCCL group; custom one call
-        per array. Every rank must pass arrays of the same sizes in the same order: on the host backend a different
-        total raises InvalidArgument on every rank. Returns `arrays` (a Work for async_op)."""
+        """all_reduce of each array of `arrays` (one dtype) in place, fused into as few collectives as the backend can
+        (tensor fusion; gpucoll/_coalesced.py says how on each backend). Every rank passes arrays of the same sizes in
+        the same order. Returns `arrays` (a Work for async_op)."""
         self._check_open("all_reduce_coalesced")
-        work = _coalesced.all_reduce(self, arrays, _parse_op(op), async_op)
-        if async_op:
-            self._track(work)
-            return _result(work, arrays)
-        return arrays
+        return self._fused(_coalesced.all_reduce(self, arrays, _parse_op(op), async_op), arrays, async_op)
 
     def all_gather_coalesced(self, inputs, outputs=None, *, async_op=False):
         """all_gather of each array of `inputs` (one dtype) into its own output of ``world_size * len(inputs[i])``
-        rows (new arrays when `outputs` is None), fused as all_reduce_coalesced is (the host backend always stages).
-        Returns the outputs (a Work for async_op)."""
+        rows (new arrays when `outputs` is None), fused as all_reduce_coalesced is. Returns the outputs."""
         self._check_open("all_gather_coalesced")
-        work, outs = _coalesced.all_gather(self, inputs, outputs, async_op)
-        if async_op:
-            self._track(work)
-            return _result(work, outs)
-        return outs
+        return self._fused(*_coalesced.all_gather(self, inputs, outputs, async_op), async_op)
 
-    def _track(self, work) -> None:
-        """An async_op=True operation that runs on another thread: its failure is recorded when it ends (_ended)."""
-        if hasattr(work, "add_done_callback"):
+    def _fused(self, work, value, async_op: bool):
+        if not async_op:
+            return value
+        if hasattr(work, "add_done_callback"):  # it runs on another thread: its failure is recorded as _run's are
             work.add_done_callback(functools.partial(self._ended, work))
+        return _result(work, value)
 
     def reduce_scatter(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` across ranks and give rank r the r-th of ``world_size`` equal blocks along axis 0."""
