@@ -82,6 +82,19 @@ class Backend(abc.ABC):
         """Run collective `coll` (`redop`: a gpucoll._C.RedOp, a PreMulSum, or None where the collective has no
         op); returns a Work for async_op where the operation may still run, else None."""
 
+    # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
+    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
+        """Send `buf` to `peer`, or receive into it; returns like collective."""
+        return self.impl.p2p(send, peer, buf, stream, async_op)
+
+    def group(self):
+        """A context manager: the operations issued inside it progress together when the outermost one exits."""
+        return self.impl.group()
+
+    def barrier(self) -> None:
+        """Returns once every rank called barrier()."""
+        self.impl.barrier()
+
     def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
         """all_reduce of each buffer of `bufs` (one dtype, one device) in place, as few calls as the backend can
         (gpucoll/_coalesced.py); returns like collective. `keep`: the caller's arrays. By default one all_reduce per
@@ -100,19 +113,6 @@ class Backend(abc.ABC):
                 w = self.collective(coll, "auto", s, d, s.count, redop, 0, None, async_op)
                 work = w if w is not None else work
         return work
-
-    # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
-    def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
-        """Send `buf` to `peer`, or receive into it; returns like collective."""
-        return self.impl.p2p(send, peer, buf, stream, async_op)
-
-    def group(self):
-        """A context manager: the operations issued inside it progress together when the outermost one exits."""
-        return self.impl.group()
-
-    def barrier(self) -> None:
-        """Returns once every rank called barrier()."""
-        self.impl.barrier()
 
     @abc.abstractmethod
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
