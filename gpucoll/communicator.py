@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from gpucoll import _buffers, _log, backends, config, flight_recorder
+from gpucoll import _buffers, _coalesced, _log, backends, config, flight_recorder
 from gpucoll import group as groups
 from gpucoll._native import _C
 from gpucoll.backends.base import (
@@ -380,6 +380,26 @@ class Communicator:
         dst = self._resolve_out(src, out, src.count * self._world_size, shape, slice_in_place="x_in_out")
         work = self._run(ALL_GATHER, algo, src, dst, src.count, None, 0, stream, async_op)
         return _result(work, dst.obj) if async_op else dst.obj
+
+    def all_reduce_coalesced(self, arrays, op="sum", *, async_op=False):
+        """all_reduce of each array of `arrays` (one dtype) in place, fused into as few collectives as the backend can
+        (tensor fusion; gpucoll/_coalesced.py says how on each backend). Every rank passes arrays of the same sizes in
+        the same order. Returns `arrays` (a Work for async_op)."""
+        self._check_open("all_reduce_coalesced")
+        return self._fused(_coalesced.all_reduce(self, arrays, _parse_op(op), async_op), arrays, async_op)
+
+    def all_gather_coalesced(self, inputs, outputs=None, *, async_op=False):
+        """all_gather of each array of `inputs` (one dtype) into its own output of ``world_size * len(inputs[i])``
+        rows (new arrays when `outputs` is None), fused as all_reduce_coalesced is. Returns the outputs."""
+        self._check_open("all_gather_coalesced")
+        return self._fused(*_coalesced.all_gather(self, inputs, outputs, async_op), async_op)
+
+    def _fused(self, work, value, async_op: bool):
+        if not async_op:
+            return value
+        if hasattr(work, "add_done_callback"):  # it runs on another thread: its failure is recorded as _run's are
+            work.add_done_callback(functools.partial(self._ended, work))
+        return _result(work, value)
 
     def reduce_scatter(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` across ranks and give rank r the r-th of ``world_size`` equal blocks along axis 0."""

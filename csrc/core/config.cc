@@ -52,6 +52,9 @@ const std::vector<ConfigVar>& config_vars() {
        "Target chunk size of one host schedule step: a message runs its schedule piece by piece, each piece "
        "sized so that its chunks are about this big, so a step's data stays in cache and ranks, coupled only "
        "through step counters, work on successive pieces at once."},
+      {"GPUCOLL_HOST_FUSION_BYTES", VarType::kBytes, "32M",
+       "Chunk of the host backend's coalesced calls (all_reduce_coalesced, all_gather_coalesced): arrays are "
+       "packed into a staging buffer of at most this size per communicator, one collective per chunk."},
       {"GPUCOLL_HOST_SPIN_US", VarType::kInt, "50",
        "How long a waiting host rank spins before it sleeps on a futex. Ranks may outnumber cores, and a "
        "spinning rank would steal the core the awaited rank needs."},

@@ -110,6 +110,8 @@ void bind_errors(pybind11::module_& m);
 void bind_core(pybind11::module_& m);
 // host.cc: the shared-memory host communicator.
 void bind_host(pybind11::module_& m);
+// host_coalesced.cc: tensor fusion on the host backend (HostCoalescer).
+void bind_host_coalesced(pybind11::module_& m);
 // algo.cc: schedules, registry, checker, cost model.
 void bind_algo(pybind11::module_& m);
 // runtime.cc: build info, CUDA runtime/driver probe, NCCL loader state, CUDA primitives.

@@ -6,6 +6,7 @@ PYBIND11_MODULE(_C, m) {
   gpucoll::python::bind_core(m);
   gpucoll::python::bind_work(m);
   gpucoll::python::bind_host(m);
+  gpucoll::python::bind_host_coalesced(m);
   gpucoll::python::bind_trace(m);
   gpucoll::python::bind_algo(m);
   gpucoll::python::bind_runtime(m);

@@ -15,6 +15,7 @@ Adding a backend is one file in this package with a Backend subclass, and one li
 from __future__ import annotations
 
 import abc
+import contextlib
 
 from gpucoll._native import _C
 from gpucoll.errors import Unsupported
@@ -46,6 +47,7 @@ class Backend(abc.ABC):
     others have defaults that fit a backend without the feature."""
 
     name = ""  # what init(backend=...) calls it
+    group_fuses = False  # group() fuses collectives (coalesced calls then issue theirs inside one)
     on_gpu = False  # takes CUDA buffers and init(device=...)
 
     def __init__(self, impl, *, rank: int, world_size: int, local_size: int = 0, selector=None,
@@ -98,6 +100,25 @@ class Backend(abc.ABC):
     def barrier(self) -> None:
         """Returns once every rank called barrier()."""
         self.impl.barrier()
+
+    def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
+        """all_reduce of each buffer of `bufs` (one dtype, one device) in place, as few calls as the backend can
+        (gpucoll/_coalesced.py); returns like collective. `keep`: the caller's arrays. By default one all_reduce per
+        buffer, inside group() where it fuses them (group_fuses: NCCL's)."""
+        return self._per_array(ALL_REDUCE, bufs, bufs, redop, async_op)
+
+    def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        """all_gather of each buffer of `srcs` into the same place of `dsts`; as all_reduce_coalesced."""
+        return self._per_array(ALL_GATHER, srcs, dsts, None, async_op)
+
+    def _per_array(self, coll: int, srcs, dsts, redop, async_op: bool):
+        """One collective per buffer, in list order; the last Work (they run in order on one stream)."""
+        work = None
+        with self.group() if self.group_fuses else contextlib.nullcontext():
+            for s, d in zip(srcs, dsts):
+                w = self.collective(coll, "auto", s, d, s.count, redop, 0, None, async_op)
+                work = w if w is not None else work
+        return work
 
     @abc.abstractmethod
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:

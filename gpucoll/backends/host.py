@@ -168,6 +168,37 @@ class Host(Backend):
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
         return self._select(coll, algo, nbytes)
 
+    # -- coalesced calls (gpucoll/_coalesced.py; csrc/python/host_coalesced.cc) --------------------------------------
+    def _fusion(self):
+        """This communicator's HostCoalescer (its staging buffer), made on first use; queued sends and receives of an
+        open group() run first, as before any collective of it."""
+        if self._group:
+            batch, self._group = self._group, []
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        fusion = getattr(self, "_coalescer", None)
+        if fusion is None:
+            fusion = self._coalescer = _C.HostCoalescer(_C.config_bytes("GPUCOLL_HOST_FUSION_BYTES"))
+        return fusion
+
+    def fast_all_reduce_coalesced(self, arrays, redop, async_op: bool):
+        """One native call that reads the arrays (NumPy, CPU torch) and runs: None or its Work; else the index of the
+        first array it declined, having run nothing (the general path then names the problem)."""
+        return self._fusion().all_reduce(self.impl, arrays, redop, self.local_size, async_op and self._group is None)
+
+    def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
+        if type(redop) is not _C.RedOp:  # premul_sum: the native path reduces with RedOps only
+            return super().all_reduce_coalesced(bufs, redop, async_op, keep)
+        dtype = bufs[0].dtype if bufs else _C.DType.float32  # an empty list is still one (empty) collective
+        return self._fusion().all_reduce_ptrs(self.impl, [(b.ptr, b.nbytes) for b in bufs], dtype, redop,
+                                              self.local_size, async_op and self._group is None,
+                                              tuple(b.obj for b in bufs))
+
+    def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        dtype = srcs[0].dtype if srcs else _C.DType.float32  # an empty list is still one (empty) collective
+        return self._fusion().all_gather_ptrs(self.impl, [(b.ptr, b.nbytes) for b in srcs], [d.ptr for d in dsts],
+                                              dtype, self.local_size, async_op and self._group is None,
+                                              tuple(b.obj for b in (*srcs, *dsts)))
+
     def _select(self, coll: int, algo, nbytes: int) -> str:
         if algo is None:
             algo = "auto"

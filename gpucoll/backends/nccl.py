@@ -452,6 +452,7 @@ class Nccl(Backend):
     NcclBackend."""
 
     name = "nccl"
+    group_fuses = True  # a coalesced call's per-array collectives go in one ncclGroupStart/End (one launch)
     on_gpu = True
 
     @classmethod

@@ -120,6 +120,16 @@ class WithHost(Backend):
     def barrier(self) -> None:
         self.gpu.barrier()
 
+    def all_reduce_coalesced(self, bufs, redop, async_op: bool, keep):
+        if not bufs:
+            return None
+        return self._for(bufs[0]).all_reduce_coalesced(bufs, redop, async_op, keep)
+
+    def all_gather_coalesced(self, srcs, dsts, async_op: bool):
+        if not srcs:
+            return None
+        return self._for(srcs[0]).all_gather_coalesced(srcs, dsts, async_op)
+
     def stragglers(self, reset: bool) -> dict:
         return self.gpu.stragglers(reset)  # the GPU communicator's: the one training steps synchronise on
 

@@ -208,7 +208,10 @@ class ReduceMixin:
         return self._finish(call, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
-        """One all_reduce over the tensors packed together (torch checks they share a dtype)."""
+        """One all_reduce over the tensors packed together: dist.all_reduce_coalesced, and the all-reduces issued
+        inside dist._coalescing_manager (FSDP, DDP), which torch hands over here as one list. CPU tensors go to the
+        host communicator's all_reduce_coalesced (one native call: packed in C++, or reduced in place where they are
+        consecutive views of one buffer); CUDA tensors are packed with torch.cat into one all_reduce."""
         if opts is None:
             opts = c10d.AllreduceCoalescedOptions()
         what = "all_reduce_coalesced"
@@ -217,6 +220,8 @@ class ReduceMixin:
         if len(tensors) == 1:
             return self._allreduce_one(what, tensors[0], opts.reduceOp)
         call = self._begin(what, tensors)
+        if not call.cuda:
+            return self._allreduce_coalesced_cpu(what, call, tensors, opts.reduceOp)
         views = [self._reduce_args(what, opts.reduceOp, t.contiguous()) for t in tensors]
         dtypes = {v[0].dtype for v in views}
         if len(dtypes) != 1:
@@ -230,6 +235,22 @@ class ReduceMixin:
             view = (torch.view_as_real(dst) if dst.is_complex() else dst).reshape(-1)
             view.copy_(packed[offset:offset + view.numel()])
             offset += view.numel()
+        return self._finish(call, list(tensors))
+
+    def _allreduce_coalesced_cpu(self, what, call, tensors, op) -> Work:
+        # The op and dtype are checked once, on the first tensor: every tensor has its dtype (checked here) and the
+        # op is the same for all. Complex tensors reduce as their real pairs; strided or lazily negated ones through
+        # a contiguous copy written back by _finish.
+        _, gop, factor = self._reduce_args(what, op, tensors[0])
+        first = tensors[0].dtype
+        outs = []
+        for i, t in enumerate(tensors):
+            if t.dtype != first:
+                raise InvalidArgument(f"{what}: every tensor needs one dtype; tensors[{i}] is {t.dtype}, tensors[0] "
+                                      f"{first}")
+            o = call.out(t, keep=True)
+            outs.append(torch.view_as_real(o) if o.is_complex() else o)
+        call.comm.all_reduce_coalesced(outs, op=self._gop(gop, factor))
         return self._finish(call, list(tensors))
 
     def reduce(self, tensors, opts=None):
