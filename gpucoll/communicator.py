@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from gpucoll import _buffers, _coalesced, _log, backends, config, flight_recorder
+from gpucoll import _buffers, _coalesced, _log, backends, compression, config, flight_recorder
 from gpucoll import group as groups
 from gpucoll._native import _C
 from gpucoll.backends.base import (
@@ -307,9 +307,8 @@ class Communicator:
         In place when `out` is None (the result is written to `x`, which is returned); otherwise `out` must
         have x's size and dtype and not overlap it, and is returned.
 
-        compress="int8", "fp8" or "bf16" moves a float32/float16/bfloat16 sum or avg in that format on the wire
-        (block-scaled for int8 and fp8) and reduces in float32: the result is the same on every rank, within the
-        error bound of docs/compression.md (gpucoll.compression.error_bound). Host backend only.
+        compress="int8", "fp8" or "bf16": a float sum or avg moved in that format, reduced in float32; the same bits
+        on every rank, within gpucoll.compression.error_bound (docs/compression.md). Host backend.
         """
         self._check_open("all_reduce")
         if compress is not None:
@@ -328,22 +327,15 @@ class Communicator:
         return _result(work, dst.obj) if async_op else dst.obj
 
     def _compressed_all_reduce(self, x, out, op, algo, compress, stream, async_op):
-        if type(compress) is not str:
-            raise InvalidArgument(f"compress must be 'int8', 'fp8', 'bf16' or None; got {compress!r}")
-        if algo is not None and algo != "auto":
-            raise InvalidArgument(f"compress={compress!r} runs its own two-shot schedule; leave algo='auto' (got "
-                                  f"{algo!r})")
+        compression.check_call(compress, algo)
         src = self._resolve(x, "x", writable=out is None)
         dst = self._resolve_out(src, out, src.count)
-        redop = _parse_op(op)
         try:
-            work = self._ops.compressed_all_reduce(src, dst, redop, compress, stream, async_op)
+            work = self._ops.compressed_all_reduce(src, dst, _parse_op(op), compress, stream, async_op)
         except (CollectiveTimeout, RemoteError) as e:
             self._failure(e)
             raise
-        if async_op and hasattr(work, "add_done_callback"):
-            work.add_done_callback(functools.partial(self._ended, work))
-        return _result(work, dst.obj) if async_op else dst.obj
+        return self._fused(work, dst.obj, async_op)
 
     def _torch_all_reduce(self, ops: dict):
         """The backend's one native call for gpucoll.torch's dist.all_reduce (Host.torch_all_reduce), or None."""

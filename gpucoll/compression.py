@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpucoll.errors import InvalidArgument
+
 WIRES = ("int8", "fp8", "bf16")
 BLOCK = 256
 
@@ -31,6 +33,14 @@ _LIFT = _F(2.0 ** 100)
 _MAGIC = _F(12582912.0)  # 1.5 * 2^23: (t + M) - M rounds |t| < 2^22 to an integer, to nearest even
 _U = 2.0 ** -24          # float32's unit roundoff
 _ABS_TINY = 2.0 ** -118  # what a block below 2^-100 may lose outright (its scale underflows)
+
+
+def check_call(compress, algo) -> None:
+    """all_reduce(compress=...)'s arguments that Python checks (the format's name, dtype and op: the backend)."""
+    if type(compress) is not str:
+        raise InvalidArgument(f"compress must be 'int8', 'fp8', 'bf16' or None; got {compress!r}")
+    if algo is not None and algo != "auto":
+        raise InvalidArgument(f"compress={compress!r} runs its own two-shot schedule; leave algo='auto' (got {algo!r})")
 
 
 def _check_wire(wire: str) -> str:
