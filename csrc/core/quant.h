@@ -38,6 +38,20 @@ inline const char* wire_name(Wire w) {
   }
 }
 
+// The format named `name` ("int8", "fp8", "bf16"); kNone for any other name (the caller says what it expected).
+inline Wire wire_from_name(const char* name) {
+  for (int w = 1; w < kNumWires; ++w) {
+    const char* a = wire_name(static_cast<Wire>(w));
+    const char* b = name;
+    while (*a != 0 && *a == *b) {
+      ++a;
+      ++b;
+    }
+    if (*a == 0 && *b == 0) return static_cast<Wire>(w);
+  }
+  return Wire::kNone;
+}
+
 // One block's record: int8/fp8 codes, then the float32 scale at kQuantBlock and a flags byte after it (16-byte
 // aligned records); bf16: the values. kHasSpecials says the block holds a non-finite value: decoders without it
 // may skip looking for special codes (a hint; decoding every code by its meaning gives the same values).
@@ -81,9 +95,10 @@ GPUCOLL_HD GPUCOLL_INLINE float div_rn(float a, float b) {
 
 GPUCOLL_HD GPUCOLL_INLINE float round_even(float t) { return add_rn(add_rn(t, kRoundMagic), -kRoundMagic); }
 
-// |v| if finite, else 0: the block's scale ignores what has a code of its own.
+// |v| if finite, else 0: the block's scale ignores what has a code of its own. The sign bit is cleared, not tested:
+// -0 must give +0, or a block of zeros would get the scale -0 and decode every code with the wrong sign.
 GPUCOLL_HD GPUCOLL_INLINE float finite_abs(float v) {
-  const float a = v < 0.f ? -v : v;
+  const float a = bits_float(float_bits(v) & 0x7fffffffu);
   return a <= kFloatMax ? a : 0.f;
 }
 

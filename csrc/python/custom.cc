@@ -170,6 +170,19 @@ void bind_cuda(py::module_& m) {
           py::arg("stream"), py::arg("max_blocks") = 0, py::arg("piece") = -1,
           "Enqueue the call (piece >= 0: only that piece); returns how many pieces the call has.")
       .def(
+          "compressed_all_reduce",
+          [](CustomComm& c, uintptr_t in, uintptr_t out, size_t count, DType dtype, RedOp op,
+             const std::string& compress, uintptr_t stream) {
+            const Wire w = wire_from_name(compress.c_str());
+            if (w == Wire::kNone) GPUCOLL_INVALID_ARG("compress must be 'int8', 'fp8' or 'bf16'; got '", compress, "'");
+            py::gil_scoped_release release;
+            c.compressed_all_reduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out), count, dtype, op,
+                                    w, as_stream(stream));
+          },
+          py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("compress"), py::arg("stream"),
+          "all_reduce(compress=...) on the kernels (backends/custom/kernels/compressed.cu), enqueued on `stream`.")
+      .def(
           "run_all_reduce",
           [](CustomComm& c, uintptr_t in, uintptr_t out, size_t count, DType dtype, RedOp op, bool premul,
              const std::string& algo, uintptr_t stream) {

@@ -41,10 +41,8 @@ bool all_reduce_now(host::HostComm& c, py::handle x, RedOp op, int local_size) {
 
 // all_reduce's compress= by name; "" is none.
 Wire parse_wire(const std::string& name) {
-  for (int w = 1; w < kNumWires; ++w) {
-    if (name == wire_name(static_cast<Wire>(w))) return static_cast<Wire>(w);
-  }
-  if (name.empty()) return Wire::kNone;
+  const Wire w = wire_from_name(name.c_str());
+  if (w != Wire::kNone || name.empty()) return w;
   GPUCOLL_INVALID_ARG("compress must be 'int8', 'fp8', 'bf16' or None; got '", name, "'");
 }
 

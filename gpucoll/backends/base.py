@@ -86,7 +86,8 @@ class Backend(abc.ABC):
         """all_reduce(x, compress=...): the sum or avg moved in a compressed wire format (gpucoll/compression.py);
         returns like collective. Backends without one raise Unsupported."""
         raise Unsupported(f"all_reduce(compress={compress!r}) is not available on the {self.name} backend: the host "
-                          f"backend compresses (CPU arrays); NCCL moves nothing narrower than the array's own dtype")
+                          f"backend (CPU arrays) and gpucoll's kernels (backend='custom') compress; NCCL moves nothing "
+                          f"narrower than the array's own dtype")
 
     # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):

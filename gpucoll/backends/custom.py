@@ -225,6 +225,25 @@ class CustomBackend:
         event.record(s)
         return CustomWork(self, event, src.kind)
 
+    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
+        """all_reduce(compress=...) on the kernels (backends/custom/kernels/compressed.cu); no NCCL fallback: NCCL
+        has no compressed path, so where the kernels cannot run this raises Unsupported saying why."""
+        if self._closed:
+            raise InvalidUsage("the custom backend is closed")
+        if self._broken:
+            raise InvalidUsage("a custom allreduce of this communicator timed out waiting for a peer; the "
+                               "communicator is unusable: close it and create a new one")
+        if type(redop) is PreMulSum:
+            raise InvalidArgument(f"compress={compress!r} reduces with op sum or avg only; got premul_sum")
+        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
+        self._native.compressed_all_reduce(src.ptr, dst.ptr, src.count, src.dtype, redop, compress, s)
+        self.stats["custom"] += 1
+        if not async_op:
+            return None
+        event = _C.CudaEvent(self.device)
+        event.record(s)
+        return CustomWork(self, event, src.kind)
+
     def all_reduce_array(self, x, redop, choices) -> object:
         """all_reduce(x) in place of a plain __cuda_array_interface__ array, sync, algo auto, in one native call
         (CustomComm.all_reduce_array, which documents `choices` and what it returns): True when it ran on the
@@ -407,6 +426,9 @@ class Custom(Backend):
         if choice.backend == "custom":
             return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=choice.algorithm)
         return self.impl.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
+
+    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
+        return self.impl.compressed_all_reduce(src, dst, redop, compress, stream, async_op)
 
     def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
         """all_reduce(x) in place, sync, algo 'auto', on x's own stream, of an array that only exports

@@ -402,6 +402,70 @@ size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dty
   return npieces;
 }
 
+void CustomComm::compressed_all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Wire wire,
+                                       cudaStream_t stream) {
+  if (!connected_) GPUCOLL_THROW(ErrorCode::kInvalidUsage, "all_reduce", "the custom communicator is not connected");
+  if (!placement_problem_.empty()) {
+    GPUCOLL_THROW(ErrorCode::kUnsupported, "all_reduce", "compress='", wire_name(wire),
+                  "' needs gpucoll's kernels, which cannot run on this communicator: ", placement_problem_);
+  }
+  GPUCOLL_CHECK_ARG(wire != Wire::kNone, "compress needs a wire format");
+  GPUCOLL_CHECK_ARG(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16, "compress='",
+                    wire_name(wire), "' needs float32, float16 or bfloat16 data; got ", dtype_name(dtype));
+  GPUCOLL_CHECK_ARG(op == RedOp::kSum || op == RedOp::kAvg, "compress='", wire_name(wire),
+                    "' reduces with op sum or avg only; got ", redop_name(op));
+  if (count == 0) return;
+  const size_t esize = dtype_size(dtype);
+  const size_t piece = compressed_piece_elems(mem_->half_bytes(), wire);
+  GPUCOLL_INTERNAL_CHECK(piece > 0);
+  const size_t npieces = (count + piece - 1) / piece;
+  DeviceGuard guard(device_);
+  AllReduceArgs a;
+  a.dtype = dtype;
+  a.op = op;
+  a.wire = wire;
+  a.rank = rank_;
+  a.nranks = nranks_;
+  a.bufs = bufs_;
+  a.sigs = sigs_;
+  a.half_bytes = mem_->half_bytes();
+  a.timeout_ns = timeout_ns_;
+  a.sig = algo::make_call_sig(seq_++, static_cast<int32_t>(algo::Coll::kAllReduce), static_cast<int32_t>(dtype),
+                              static_cast<int32_t>(op), -1, static_cast<int64_t>(count), -1, 0, false);
+  a.sig.wire = static_cast<uint8_t>(wire);
+  a.check = call_check_;
+  const bool recorded = trace_->records() != nullptr;
+  const uint64_t entry = recorded ? trace_->begin(a.sig, static_cast<int64_t>(count * esize),
+                                                  stream_is_capturing(stream))
+                                  : FlightRecorder::kOff;
+  a.records = recorded ? trace_->records() : nullptr;
+  a.record_capacity = recorded ? trace_->record_capacity() : 0;
+  // Virtual ranks share the device: every rank's blocks must be resident at once (as max_blocks_for).
+  int cap = 0;
+  if (co_resident_ > 1) {
+    int bps = 0;
+    GPUCOLL_CUDA_CHECK(compressed_blocks_per_sm(dtype, &bps));
+    cap = gpucoll::custom::max_blocks_per_rank(co_resident_, sms_, bps);
+    if (cap < 1) gpucoll::custom::check_residency(co_resident_, 1, sms_, bps);
+  }
+  for (size_t i = 0; i < npieces; ++i) {
+    const size_t off = i * piece;
+    const size_t n = std::min(piece, count - off);
+    a.in = static_cast<const char*>(in) + off * esize;
+    a.out = static_cast<char*>(out) + off * esize;
+    a.count = n;
+    a.in_offset = off;
+    a.continuation = i > 0;
+    a.last_piece = i + 1 == npieces;
+    const LaunchShape shape = gpucoll::custom::choose_launch_shape(Algo::kTwoShot, n * esize, nranks_, sms_, cap);
+    a.blocks = shape.blocks;
+    a.threads = kThreads;
+    const cudaError_t err = launch_compressed(a, stream);
+    if (err != cudaSuccess && recorded) trace_->launch_failed(entry);
+    GPUCOLL_CUDA_CHECK(err);
+  }
+}
+
 uint32_t CustomComm::timed_out() const {
   if (mem_ == nullptr) return 0;
   DeviceGuard guard(device_);

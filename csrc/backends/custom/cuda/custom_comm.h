@@ -82,6 +82,11 @@ class CustomComm {
   // streams share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS) or the launch queue fills.
   size_t all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Algo algo, cudaStream_t stream,
                     int max_blocks = 0, int64_t only_piece = -1);
+  // all_reduce(compress=wire) (kernels/compressed.cu): float32/float16/bfloat16, sum or avg, in pieces of whole
+  // quant blocks, always staged. Raises InvalidArgument for another dtype or op, Unsupported where the kernels can
+  // never run on this communicator (set_placement): NCCL has no compressed path to fall back on.
+  void compressed_all_reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, Wire wire,
+                             cudaStream_t stream);
   // One allreduce from end to end, the backend's whole call path in one crossing: the per-call half of the
   // eligibility (the placement half was settled by set_placement), the algorithm ("auto": the size rule of
   // launch_shape.h; else that name), then all_reduce above. Returns "" when enqueued, else why the kernels

@@ -16,6 +16,7 @@
 
 #include "check/call_sig.h"
 #include "backends/custom/launch_shape.h"
+#include "core/quant.h"
 #include "core/types.h"
 
 namespace gpucoll::cuda::custom {
@@ -118,6 +119,7 @@ struct AllReduceArgs {
   bool check = true;         // compare signatures (off only to measure what the comparison costs)
   bool continuation = false; // a piece after the first: skipped whole when the first piece was mismatched
   bool last_piece = true;    // the call's last piece: it ends the call's CallRecord
+  Wire wire = Wire::kNone;   // launch_compressed: the wire format (core/quant.h)
   CallRecord* records = nullptr;  // this rank's ring of CallRecords (device memory), or null: record nothing
   uint32_t record_capacity = 0;
 };
@@ -129,6 +131,12 @@ cudaError_t launch_one_shot(const AllReduceArgs& a, cudaStream_t stream);
 cudaError_t launch_two_shot(const AllReduceArgs& a, cudaStream_t stream);
 cudaError_t launch_ring(const AllReduceArgs& a, cudaStream_t stream);
 cudaError_t launch_tree(const AllReduceArgs& a, cudaStream_t stream);
+// all_reduce(compress=a.wire) of float32/float16/bfloat16, sum or avg (compressed.cu): count at most
+// compressed_piece_elems(half_bytes, wire), a whole number of quant blocks except the call's last piece; always
+// staged; kThreads threads.
+cudaError_t launch_compressed(const AllReduceArgs& a, cudaStream_t stream);
+size_t compressed_piece_elems(size_t half_bytes, Wire w);
+cudaError_t compressed_blocks_per_sm(DType dtype, int* out);
 
 // Resident blocks per SM of the kernel that would run (dtype, op) with kThreads threads, for the residency
 // limit of virtual ranks (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
