@@ -197,12 +197,24 @@ class CustomBackend:
         return out
 
     # -- calls ----------------------------------------------------------------------------------------------------
-    def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False, algo="auto"):
+    def _check_usable(self) -> None:
         if self._closed:
             raise InvalidUsage("the custom backend is closed")
         if self._broken:
             raise InvalidUsage("a custom allreduce of this communicator timed out waiting for a peer; the "
                                "communicator is unusable: close it and create a new one")
+
+    def _enqueued(self, s, async_op: bool, kind: str):
+        """A call the kernels took on stream `s`: counted, and its Work for async_op."""
+        self.stats["custom"] += 1
+        if not async_op:
+            return None
+        event = _C.CudaEvent(self.device)
+        event.record(s)
+        return CustomWork(self, event, kind)
+
+    def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False, algo="auto"):
+        self._check_usable()
         if coll != _ALL_REDUCE:
             reason = f"{_C.coll_names()[coll]} has no custom kernel (they do all_reduce)"
             return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
@@ -218,31 +230,17 @@ class CustomBackend:
                                              self._sum if premul or redop is None else redop, premul, algo, s)
         if reason:
             return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
-        self.stats["custom"] += 1
-        if not async_op:
-            return None
-        event = _C.CudaEvent(self.device)
-        event.record(s)
-        return CustomWork(self, event, src.kind)
+        return self._enqueued(s, async_op, src.kind)
 
     def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
         """all_reduce(compress=...) on the kernels (backends/custom/kernels/compressed.cu); no NCCL fallback: NCCL
         has no compressed path, so where the kernels cannot run this raises Unsupported saying why."""
-        if self._closed:
-            raise InvalidUsage("the custom backend is closed")
-        if self._broken:
-            raise InvalidUsage("a custom allreduce of this communicator timed out waiting for a peer; the "
-                               "communicator is unusable: close it and create a new one")
+        self._check_usable()
         if type(redop) is PreMulSum:
             raise InvalidArgument(f"compress={compress!r} reduces with op sum or avg only; got premul_sum")
         s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
         self._native.compressed_all_reduce(src.ptr, dst.ptr, src.count, src.dtype, redop, compress, s)
-        self.stats["custom"] += 1
-        if not async_op:
-            return None
-        event = _C.CudaEvent(self.device)
-        event.record(s)
-        return CustomWork(self, event, src.kind)
+        return self._enqueued(s, async_op, src.kind)
 
     def all_reduce_array(self, x, redop, choices) -> object:
         """all_reduce(x) in place of a plain __cuda_array_interface__ array, sync, algo auto, in one native call
