@@ -140,8 +140,9 @@ class CompressionState:
 def compressed_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket over ranks with all_reduce(compress=state.compress) (int8/fp8 block-scaled, or bf16, on
     the wire; summed in float32; docs/compression.md). With state.error_feedback, this rank first adds the residual
-    it kept of the bucket, and keeps as the new one what the wire format drops of that corrected gradient. CPU
-    gradients (the host backend compresses; the GPU backends raise Unsupported)::
+    it kept of the bucket, and keeps as the new one what the wire format drops of that corrected gradient (computed
+    on the host: CPU gradients). CUDA gradients without error feedback go to gpucoll's kernels, which compress too
+    (backend 'custom'; the nccl backend raises Unsupported)::
 
         model.register_comm_hook(gpucoll.torch.CompressionState("int8"), gpucoll.torch.compressed_hook)
     """
