@@ -6,7 +6,8 @@
 // The collectives a coalesced call makes depend only on the arrays' sizes and dtype, never on where they live: the
 // concatenated vector is cut into chunks of `chunk_bytes` at the same offsets on every rank, and each chunk is one
 // all-reduce. A chunk whose arrays are one contiguous span of memory (consecutive views of one buffer) is reduced
-// in place there; any other chunk is packed into the staging buffer, reduced and unpacked. One rank may thus go
+// in place there; any other chunk is gathered from and scattered into the arrays by the host backend itself
+// (CollArgs::segs: no staging copy; all_gather_coalesced still stages). One rank may thus go
 // zero-copy where another stages, and their calls still pair.
 //
 // Mismatched lists must fail on every rank, never return plausible numbers. A call of one chunk carries its total
@@ -111,9 +112,9 @@ void check_totals(host::HostComm& c, int64_t total, int local_size, algo::Coll d
                       "); every rank must pass arrays of the same sizes, in the same order");
 }
 
-// The whole coalesced all-reduce, without the GIL. `staging` grows to one chunk at most.
+// The whole coalesced all-reduce, without the GIL. It stages nothing (the staging buffer is all_gather's).
 void all_reduce_pieces(host::HostComm& c, const std::vector<Piece>& pieces, DType dtype, RedOp op, int local_size,
-                       int64_t chunk_bytes, std::vector<char>* staging) {
+                       int64_t chunk_bytes, std::vector<char>* /*staging*/) {
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   int64_t total_bytes = 0;
   for (const Piece& p : pieces) total_bytes += p.bytes;
@@ -139,17 +140,26 @@ void all_reduce_pieces(host::HostComm& c, const std::vector<Piece>& pieces, DTyp
     // the arrays about to be packed.
     const algo::Algorithm& a = c.auto_algorithm(algo::Coll::kAllReduce, s.bytes, local_size);
     args.count = s.bytes / esize;
-    const bool direct = in_place(pieces, s);
-    if (direct) {
+    // One contiguous range is reduced where it is; any other chunk too, through the arrays themselves: the host
+    // backend's copy-in gathers from them and its writes of the result scatter into them (CollArgs::segs).
+    std::vector<host::IoSeg> segs;
+    if (in_place(pieces, s)) {
       args.in = pieces[s.begin].ptr + s.skip;
+      args.out = const_cast<void*>(args.in);
+      args.segs = nullptr;
+      args.nsegs = 0;
     } else {
-      if (static_cast<int64_t>(staging->size()) < s.bytes) staging->resize(static_cast<size_t>(s.bytes));
-      copy_span(pieces, s, staging->data(), true);
-      args.in = staging->data();
+      int64_t left = s.bytes;
+      for (size_t i = s.begin; left > 0; ++i) {
+        const int64_t off = i == s.begin ? s.skip : 0;
+        const int64_t take = std::min(left, pieces[i].bytes - off);
+        segs.push_back({pieces[i].ptr + off, take / esize});
+        left -= take;
+      }
+      args.segs = segs.data();
+      args.nsegs = static_cast<int64_t>(segs.size());
     }
-    args.out = const_cast<void*>(args.in);
     c.run(args, a);
-    if (!direct) copy_span(pieces, s, staging->data(), false);
     // The next chunk starts where this one ended.
     int64_t left = s.bytes + s.skip;
     while (s.begin < pieces.size() && left >= pieces[s.begin].bytes) left -= pieces[s.begin++].bytes;

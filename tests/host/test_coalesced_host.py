@@ -299,3 +299,35 @@ def test_per_array_fallback_inside_a_fusing_group():
     custom = Fake(False)
     custom.all_gather_coalesced(bufs, dsts, False)
     assert custom.log == [(ALL_GATHER, b.ptr, d.ptr, b.count, None, False) for b, d in zip(bufs, dsts)]
+
+
+def _gathered(comm):
+    """Arrays that are not one range of memory, over several chunks: the collective's copy-in gathers from them and
+    its result is written straight into them (CollArgs::segs), whether the schedule ends in the work buffer (ring)
+    or writes the output itself (twoshot, oneshot, tree). Exact small integers, zero-length arrays among them."""
+    P, r = comm.world_size, comm.rank
+    sizes = [int(n) for n in np.random.default_rng(5).integers(0, 3000, 40)]
+    fails = []
+    for dtype, op in (("float32", "sum"), ("int32", "max"), ("float16", "sum"), ("int64", "avg")):
+        arrays = [((np.arange(n) * 7 + r * 3 + i) % 23).astype(dtype) for i, n in enumerate(sizes)]
+        keep = [np.full(5, -1, dtype) for _ in sizes]  # neighbours in memory that must stay untouched
+        comm.all_reduce_coalesced(arrays, op=op)
+        for i, n in enumerate(sizes):
+            each = np.array([(np.arange(n) * 7 + q * 3 + i) % 23 for q in range(P)], dtype=np.int64).reshape(P, n)
+            want = each.max(axis=0) if op == "max" else each.sum(axis=0)
+            if op == "avg":
+                want = np.trunc(want / P)  # integer avg: the sum divided, truncated
+            if not np.array_equal(arrays[i], want.astype(dtype)):
+                fails.append(f"{dtype} {op} arrays[{i}] (n={n})")
+                break
+        if any((k != -1).any() for k in keep):
+            fails.append(f"{dtype} {op}: memory beside the arrays was written")
+    return fails
+
+
+@pytest.mark.parametrize("algo", ["ring", "twoshot", "oneshot", "tree"])
+def test_gathered_chunks_on_every_schedule(algo, monkeypatch):
+    monkeypatch.setenv("GPUCOLL_ALGO", f"allreduce:{algo}")
+    monkeypatch.setenv("GPUCOLL_HOST_FUSION_BYTES", "20000")
+    fails = [f for per in gpucoll.spawn(_gathered, 3, backend="host", timeout=120.0) for f in per]
+    assert not fails, fails

@@ -366,6 +366,11 @@ void HostComm::run(const CollArgs& a, const algo::Algorithm& algorithm) {
                   " here: ", why);
   };
   if (why != nullptr && !call_check_) refuse();
+  if (a.segs != nullptr) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < a.nsegs; ++i) total += a.segs[i].elems;
+    GPUCOLL_INTERNAL_CHECK(total == a.count && !compressed);
+  }
   const uint64_t pieces_before = pieces_;
   try {
     if (why != nullptr || (a.count == 0 && call_check_)) {
@@ -421,6 +426,23 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
   const bool gets_result = !rooted || coll == Coll::kBroadcast || coll == Coll::kScatter || is_root;
   const char* in = static_cast<const char*>(a.in);
   char* out = static_cast<char*>(a.out);
+  // A fused all-reduce (a.segs): where each array starts in the vector; `each_seg` hands f(ptr, shift, count) every
+  // part of elements [off, off + len) that one array holds, `shift` counted from `off`.
+  GPUCOLL_INTERNAL_CHECK(a.segs == nullptr || coll == Coll::kAllReduce);
+  std::vector<int64_t> seg_start;
+  if (a.segs != nullptr) {
+    seg_start.resize(static_cast<size_t>(a.nsegs) + 1, 0);
+    for (int64_t i = 0; i < a.nsegs; ++i) seg_start[static_cast<size_t>(i) + 1] = seg_start[i] + a.segs[i].elems;
+  }
+  auto each_seg = [&](int64_t off, int64_t len, auto f) {
+    auto i = static_cast<size_t>(std::upper_bound(seg_start.begin(), seg_start.end(), off) - seg_start.begin()) - 1;
+    for (int64_t done = 0; done < len; ++i) {
+      const int64_t at = off + done - seg_start[i];
+      const int64_t take = std::min(len - done, a.segs[i].elems - at);
+      if (take > 0) f(a.segs[i].ptr + at * es, done, take);
+      done += std::max<int64_t>(take, 0);
+    }
+  };
   post_sig(sig);
   for (int64_t begin = 0; begin < n; begin += piece) {
     const int64_t L = std::min(piece, n - begin);
@@ -447,7 +469,11 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
     switch (coll) {
       case Coll::kAllReduce:
       case Coll::kReduce:
-        copy_in(my_work, in + begin * es, L);
+        if (a.segs != nullptr) {
+          each_seg(begin, L, [&](char* p, int64_t d, int64_t m) { copy_in(my_work + d * es, p, m); });
+        } else {
+          copy_in(my_work, in + begin * es, L);
+        }
         break;
       case Coll::kBroadcast:
         if (is_root) copy_elems(my_work, in + begin * es, L, a.dtype);
@@ -473,7 +499,6 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
       const size_t nops = sp.ops.size();
       for (size_t i = 0; i < nops;) {
         const algo::Op& op = sp.ops[i];
-        char* dst = op.dst == algo::Space::kWork ? my_work + wchunk_off(op.dst_chunk) * es : out_chunk(op.dst_chunk);
         const int64_t len = chunk_len(op.dst_chunk);
         // Fuse a run of ops into the same destination chunk (a copy followed by reduces, or reduces) into one
         // multi-source pass, in the schedule's order.
@@ -482,12 +507,24 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
                sp.ops[j].dst == op.dst && sp.ops[j].dst_chunk == op.dst_chunk) {
           ++j;
         }
-        if (j - i == 1 && op.action == algo::Action::kCopy) {
-          copy_elems(dst, work(op.peer, half) + wchunk_off(op.src_chunk) * es, len, a.dtype);
+        // Writes elements [shift, shift + m) of the destination chunk at `dst`.
+        auto apply = [&](char* dst, int64_t shift, int64_t m) {
+          if (j - i == 1 && op.action == algo::Action::kCopy) {
+            copy_elems(dst, work(op.peer, half) + (wchunk_off(op.src_chunk) + shift) * es, m, a.dtype);
+          } else {
+            const void* srcs[kMaxFused];
+            for (size_t k = i; k < j; ++k) {
+              srcs[k - i] = work(sp.ops[k].peer, half) + (wchunk_off(sp.ops[k].src_chunk) + shift) * es;
+            }
+            reduce_multi(dst, srcs, static_cast<int>(j - i), op.action == algo::Action::kReduce, m, a.dtype, a.op);
+          }
+        };
+        if (op.dst == algo::Space::kWork) {
+          apply(my_work + wchunk_off(op.dst_chunk) * es, 0, len);
+        } else if (a.segs != nullptr) {
+          each_seg(begin + wchunk_off(op.dst_chunk), len, apply);
         } else {
-          const void* srcs[kMaxFused];
-          for (size_t k = i; k < j; ++k) srcs[k - i] = work(sp.ops[k].peer, half) + wchunk_off(sp.ops[k].src_chunk) * es;
-          reduce_multi(dst, srcs, static_cast<int>(j - i), op.action == algo::Action::kReduce, len, a.dtype, a.op);
+          apply(out_chunk(op.dst_chunk), 0, len);
         }
         i = j;
       }
@@ -496,7 +533,9 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
 
     // Copy-out reads only this rank's own buffer, which no peer writes: no step needed.
     if (plan.shape.result == algo::Space::kWork && gets_result && !(coll == Coll::kBroadcast && is_root)) {
-      if (!blocked) {
+      if (a.segs != nullptr) {
+        each_seg(begin, L, [&](char* p, int64_t d, int64_t m) { copy_elems(p, my_work + d * es, m, a.dtype); });
+      } else if (!blocked) {
         copy_elems(out + begin * es, my_work, L, a.dtype);
       } else if (coll == Coll::kReduceScatter || coll == Coll::kScatter) {
         copy_elems(out + begin * es, my_work + static_cast<int64_t>(me) * L * es, L, a.dtype);
@@ -506,7 +545,11 @@ void HostComm::run_pieces(const CollArgs& a, const Plan& plan, const algo::CallS
     }
   }
   if (a.op == RedOp::kAvg && algo::coll_reduces(coll) && gets_result) {
-    avg_divide(out, n, a.dtype, P);
+    if (a.segs != nullptr) {
+      each_seg(0, n, [&](char* p, int64_t, int64_t m) { avg_divide(p, m, a.dtype, P); });
+    } else {
+      avg_divide(out, n, a.dtype, P);
+    }
   }
 }
 

@@ -74,6 +74,12 @@ struct P2POp {
   int64_t bytes = 0;
 };
 
+// One array of a fused all-reduce (CollArgs::segs): `elems` elements at `ptr`, in and out.
+struct IoSeg {
+  char* ptr = nullptr;
+  int64_t elems = 0;
+};
+
 struct CollArgs {
   algo::Coll coll = algo::Coll::kAllReduce;
   const void* in = nullptr;  // this rank's input (ignored where the collective does not read it)
@@ -87,6 +93,10 @@ struct CollArgs {
   int local_size = 0;       // hierarchical schedules; 0 = nranks
   bool auto_algo = false;   // the algorithm was chosen by 'auto' (named as such in a mismatch error)
   Wire wire = Wire::kNone;  // all_reduce(compress=...): the compressed schedule (compressed.cc) instead of `algorithm`
+  // all_reduce in place over several arrays as one vector (tensor fusion), instead of in/out: the copy-in gathers
+  // from them and every write of the result scatters into them, so no staging copy of the whole list is made.
+  const IoSeg* segs = nullptr;
+  int64_t nsegs = 0;
 };
 
 // out = what `in` is after one trip through wire format `w`, block by block (core/quant.h); in == out is fine. For
