@@ -261,7 +261,9 @@ class _Rank:
                     call()
                 self._download(spans)
                 if p.inject_error and self.rank == self.n - 1:
-                    corrupt(expects[0].buf)
+                    # A compressed result is checked against its error bound, which a low bit stays within: flip the
+                    # exponent's second bit instead.
+                    corrupt(expects[0].buf, 8 * expects[0].buf.itemsize - 2 if p.compress else 0)
                 if p.compress:  # elements outside the error bound, not bits that differ
                     local, worst = compressed.errors(ctx, p.compress, expects[0].buf)
                     self.max_error = max(self.max_error, worst)
@@ -381,6 +383,8 @@ class _Rank:
         """The algorithm a row's calls run (nbytes: the selector's count, the world-sized buffer of the blocked
         collectives); None for send/recv, which has no algorithms, and for communicators that cannot tell (the
         virtual ranks of --backend custom run the kernel named)."""
+        if self.p.compress:  # its own two-shot schedule, whatever auto would pick for the uncompressed call
+            return f"compressed:{self.p.compress}"
         finder = getattr(self.comm, "algorithm_for", None)
         if self.coll.coll_id < 0 or finder is None:
             return None
@@ -400,6 +404,8 @@ class _Rank:
         reader to guess which algorithm the numbers below belong to."""
         if algo != "auto" or not self.out.enabled:
             return ""
+        if self.p.compress:
+            return f" (compressed: a two-shot schedule of its own, {self.p.compress} on the wire)"
         per_type = {}
         for name in self.p.dtypes:
             dt = DTYPES[name]

@@ -353,3 +353,29 @@ def test_a_size_the_collective_cannot_move_is_rounded_with_a_note(capfd):
         in capfd.readouterr().out
     assert cli.main(["all_reduce", "-b", "8", "-e", "64", "-f", "2", "-n", "1", "-w", "0"]) == 0
     assert "rounded" not in capfd.readouterr().out
+
+
+def test_compress_checks_the_bound_and_compares_with_uncompressed(tmp_path):
+    """--compress int8 --compare none: every checked element within the error bound (#wrong 0), a maxerr column, and
+    the uncompressed time with the ratio uncompressed / compressed; the JSON rows say so. Misuse is exit status 2."""
+    out = tmp_path / "c.json"
+    res = bench("all_reduce", "--nranks", "2", "--backend", "host", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
+                "--compress", "int8", "--compare", "none", "-d", "float,half", "-o", "sum,avg", "--json", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "maxerr" in res.stdout and "none" in res.stdout
+    doc = json.loads(out.read_text())
+    assert doc["results"], doc
+    for row in doc["results"]:
+        assert row["compress"] == "int8" and row["algo_resolved"] == "compressed:int8", row
+        assert row["out_of_place"]["nwrong"] == 0 and row["in_place"]["nwrong"] == 0, row
+        assert row["max_error"] is not None and row["max_error"] >= 0
+        assert row["peer"]["name"] == "none" and row["peer"]["ratio"] > 0
+    # a corrupted element is outside the bound: counted, exit status 1
+    hurt = bench("all_reduce", "--nranks", "2", "--backend", "host", "-b", "4K", "-e", "4K", "-n", "1", "--compress",
+                 "int8", "--inject-error")
+    assert hurt.returncode == 1 and "Out of bounds values : 0" not in hurt.stdout, hurt.stdout[-600:]
+    for bad in (("broadcast", "--compress", "int8"), ("all_reduce", "--compare", "none"),
+                ("all_reduce", "--compress", "int8", "-d", "int32"), ("all_reduce", "--compress", "int8", "-o", "max"),
+                ("all_reduce", "--compress", "int8", "--algo", "ring")):
+        r = bench(*bad, "--nranks", "2", "--backend", "host", "-b", "1K", "-e", "1K")
+        assert r.returncode == 2 and "compress" in r.stderr, (bad, r.stderr[-300:])

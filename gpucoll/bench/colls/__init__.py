@@ -347,7 +347,8 @@ def count_wrong(exp: Expect) -> int:
     return wrong
 
 
-def corrupt(buf: np.ndarray) -> None:
-    """Flip one bit of the middle element (for --inject-error: proves a wrong result fails the run)."""
+def corrupt(buf: np.ndarray, bit: int = 0) -> None:
+    """Flip bit `bit` of the middle element (for --inject-error: proves a wrong result fails the run)."""
     if buf.size:
-        _bits(buf)[buf.size // 2] ^= 1
+        b = _bits(buf)
+        b[buf.size // 2] ^= b.dtype.type(1 << bit)
