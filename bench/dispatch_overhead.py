@@ -130,7 +130,7 @@ def _gpu_rank(comm, rounds: int, calls: int, nbytes: int) -> dict:
     comm.all_reduce(x)
     ok = bool((x.to_host() == comm.world_size * (comm.world_size + 1) / 2).all())
     buf = _buffers.resolve(x, "x", writable=True)
-    native_comm = comm._ops.impl.native  # the binding the paths end in: NcclComm, or CustomComm
+    native_comm = comm._ops.impl  # the binding the paths end in: NcclComm, or CustomComm
     if comm.backend == "nccl":
         def native():
             native_comm.collective(0, buf.ptr, buf.ptr, buf.count, buf.dtype, _C.RedOp.sum, 0, 0, False, None)

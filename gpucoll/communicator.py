@@ -69,12 +69,12 @@ def _result(work, value):
 class Communicator:
     """A group of ranks that run collectives together. Build one with ``gpucoll.init`` or ``gpucoll.spawn``."""
 
-    def __init__(self, *, rank: int, world_size: int, backend: str, impl, store, timeout: float,
-                 local_size: int = 0, selector=None, chosen: bool = False, make_host=None):
+    def __init__(self, *, rank: int, world_size: int, backend: str, ops, store, timeout: float,
+                 local_size: int = 0, make_host=None):
+        """`ops`: this rank's Backend of kind `backend` (gpucoll/backends/), built over `store`."""
         self._rank = rank
         self._world_size = world_size
         self._backend = backend
-        self._impl = impl
         self._store = store
         self._timeout = timeout
         self._closed = False
@@ -85,11 +85,7 @@ class Communicator:
         self._grows = 0
         self._group_depth = 0
         self._group_refs: list = []  # buffers of the operations queued in the open group()
-        # the per-call selector where the backend has one (gpucoll/backends/select.py); chosen: 'auto' picked it
-        self._selector, self._chosen = selector, chosen
-        # Everything that depends on the backend (gpucoll/backends/base.py); impl is its implementation object.
-        self._ops = backends.wrap(backend, impl, rank=rank, world_size=world_size, local_size=local_size,
-                                  selector=selector, chosen=chosen)
+        self._ops = ops  # everything that depends on the backend (gpucoll/backends/base.py)
         if make_host is not None:  # backend='auto' on a GPU: CPU buffers on a host communicator (with_host.py)
             self._ops = WithHost(self._ops, make_host)
         # The host backend's one-call path for the commonest call, all_reduce(x) of a NumPy array in place.
@@ -270,18 +266,16 @@ class Communicator:
         return native
 
     def _adopt(self, made, rank: int, size: int, store, members: list, how: str):
-        """A Communicator around (impl, selector) that the backend made from this one's (None stays None)."""
+        """A Communicator around the Backend that the backend made from this one's (None stays None)."""
         if made is None:
             return None
-        impl, selector = made
-        if (impl.rank, impl.world_size) != (rank, size):
-            raise InternalError(f"the {self._backend} backend made rank {impl.rank} of {impl.world_size}; the ranks "
+        if (made.rank, made.world_size) != (rank, size):
+            raise InternalError(f"the {self._backend} backend made rank {made.rank} of {made.world_size}; the ranks "
                                 f"agreed on rank {rank} of {size} (members {members})")
         _log.debug(f"rank {self._rank} is rank {rank} of {size} in a communicator of ranks {members} {how} by the "
                    f"{self._backend} backend")
-        return type(self)(rank=rank, world_size=size, backend=self._backend, impl=impl, store=store,
-                          timeout=self._timeout, selector=selector,
-                          make_host=host_maker(_store_launch(rank, size), store, self._timeout)
+        return type(self)(rank=rank, world_size=size, backend=self._backend, ops=made, store=store,
+                          timeout=self._timeout, make_host=host_maker(_store_launch(rank, size), store, self._timeout)
                           if isinstance(self._ops, WithHost) else None)
 
     def _native_shrink(self):
@@ -591,13 +585,13 @@ def _build(launch, store, kind: str, timeout: float, local_size: int, device, re
     """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator.
     `with_host`: CPU buffers go to a host communicator built on demand (backends/with_host.py); by default when
     backend='auto' (and no GPUCOLL_BACKEND) resolved to a GPU backend."""
-    kind, impl, selector, chosen = backends.build(launch, store, kind, timeout, local_size, device, requested)
+    kind, ops = backends.build(launch, store, kind, timeout, local_size, device, requested)
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")
     if with_host is None:
         with_host = requested == "auto" and not config.get("GPUCOLL_BACKEND").strip()
     make_host = host_maker(launch, store, timeout) if with_host and kind != "host" else None
-    return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, impl=impl, store=store,
-                        timeout=timeout, local_size=local_size, selector=selector, chosen=chosen, make_host=make_host)
+    return Communicator(rank=launch.rank, world_size=launch.world_size, backend=kind, ops=ops, store=store,
+                        timeout=timeout, local_size=local_size, make_host=make_host)
 
 
 def _store_launch(rank: int, size: int) -> LaunchInfo:

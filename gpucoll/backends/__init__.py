@@ -27,7 +27,7 @@ from gpucoll.errors import InvalidArgument
 
 REGISTRY = {cls.name: cls for cls in (Host, Nccl, Custom)}
 
-__all__ = ["REGISTRY", "build", "check_device", "resolve", "wrap"]
+__all__ = ["REGISTRY", "build", "check_device", "resolve"]
 
 
 def check_device(kind: str, device) -> None:
@@ -37,9 +37,9 @@ def check_device(kind: str, device) -> None:
 
 
 def build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto"):
-    """(kind, impl, selector or None, chosen): this rank's backend implementation over the rendezvous `store`, built
-    by every rank together; `kind` as resolved (resolve()), where 'auto' that resolved to nccl becomes custom on
-    2-8 ranks with a GPU each (chosen=True). The store is closed again if the backend cannot be built."""
+    """(kind, backend): this rank's Backend over the rendezvous `store`, built by every rank together; `kind` as
+    resolved (resolve()), where 'auto' that resolved to nccl becomes custom on 2-8 ranks with a GPU each (the
+    backend's `chosen` then True). The store is closed again if the backend cannot be built."""
     host.stage("build")
     _C.set_log_rank(launch.rank)
     auto = requested == "auto" and not config.get("GPUCOLL_BACKEND").strip()
@@ -52,7 +52,8 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
     if chosen:
         kind = "custom"
     try:
-        impl, selector = REGISTRY[kind].create(launch, store, timeout=timeout, local_size=local_size, device=device)
+        made = REGISTRY[kind].create(launch, store, timeout=timeout, local_size=local_size, device=device,
+                                     chosen=chosen)
     except BaseException:
         # Ranks still waiting for this one's keys learn at once, and rank 0's server stays up a little for the
         # ones that have not connected yet (gpucoll's store; others only close).
@@ -62,9 +63,4 @@ def build(launch, store, kind: str, timeout: float, local_size: int, device, req
         else:
             store.close()
         raise
-    return kind, impl, selector, chosen
-
-
-def wrap(kind: str, impl, **kw):
-    """The Backend of `kind` around an implementation object (Backend.__init__ takes `kw`)."""
-    return REGISTRY[kind](impl, **kw)
+    return kind, made

@@ -1,13 +1,11 @@
 """The Backend interface: what every backend (host.py, nccl.py, custom.py) gives the Communicator, written down once.
 
 The Communicator checks a call's arguments and resolves its buffers (gpucoll/_buffers.py); everything that depends
-on the backend happens behind this interface, and the Communicator names no backend. Each backend is two objects:
-
-* its implementation (``impl``): the backend's own communicator, built by every rank together over the rendezvous
-  store (``Backend.create``): ``gpucoll._C.HostComm`` (host), ``NcclBackend`` (nccl), ``CustomBackend`` (custom).
-  Tests and tools reach it as ``Communicator._impl``.
-* its Backend, a subclass of :class:`Backend` holding the impl, with the backend's rules: which buffers it takes,
-  how one call runs, what ``algo=`` may name, what an ``async_op=True`` call returns.
+on the backend happens behind this interface, and the Communicator names no backend. Each backend is one object, a
+subclass of :class:`Backend` built by every rank together over the rendezvous store (``Backend.create``), with the
+backend's rules: which buffers it takes, how one call runs, what ``algo=`` may name, what an ``async_op=True`` call
+returns. It holds its native communicator as ``impl``: ``gpucoll._C.HostComm`` (host), ``NcclComm`` (nccl),
+``CustomComm`` (custom). Tests and tools reach the backend as ``Communicator._ops``.
 
 Adding a backend is one file in this package with a Backend subclass, and one line in the registry (__init__.py).
 """
@@ -52,16 +50,17 @@ class Backend(abc.ABC):
 
     def __init__(self, impl, *, rank: int, world_size: int, local_size: int = 0, selector=None,
                  chosen: bool = False):
-        """`selector`: the per-call choice of backend and algorithm (select.py) where the backend has one;
-        `chosen`: backend='auto' picked this backend (its selector may then choose among every backend)."""
+        """`impl`: the native communicator; `selector`: the per-call choice of backend and algorithm (select.py)
+        where the backend has one; `chosen`: backend='auto' picked this backend (its selector may then choose among
+        every backend)."""
         self.impl = impl
         self.rank, self.world_size, self.local_size = rank, world_size, local_size
         self.selector, self.chosen = selector, chosen
 
     @classmethod
     @abc.abstractmethod
-    def create(cls, launch, store, *, timeout: float, local_size: int, device):
-        """(impl, selector or None): this rank's implementation, built by every rank together over `store`."""
+    def create(cls, launch, store, *, timeout: float, local_size: int, device, chosen: bool = False) -> Backend:
+        """This rank's backend, built by every rank together over `store` (`chosen`: as __init__)."""
 
     # -- placement ------------------------------------------------------------------------------------------------
     @property
@@ -89,7 +88,7 @@ class Backend(abc.ABC):
                           f"backend (CPU arrays) and gpucoll's kernels (backend='custom') compress; NCCL moves nothing "
                           f"narrower than the array's own dtype")
 
-    # p2p, group and barrier go to the implementation as they are, unless a backend says otherwise (host.py).
+    # p2p, group and barrier go to the native communicator as they are, unless a backend says otherwise.
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
         """Send `buf` to `peer`, or receive into it; returns like collective."""
         return self.impl.p2p(send, peer, buf, stream, async_op)
@@ -138,7 +137,7 @@ class Backend(abc.ABC):
         return False
 
     def split(self, color, key: int, store):
-        """Collective over every rank, through the backend's own split (ncclCommSplit): (impl, selector) of this
+        """Collective over every rank, through the backend's own split (ncclCommSplit): the backend of this
         rank's child, made of the ranks with the same `color` ordered by `key`, over the child's rendezvous
         `store`; None for color None, which takes part all the same."""
         raise Unsupported(f"split is not implemented by the {self.name} backend")
@@ -148,8 +147,8 @@ class Backend(abc.ABC):
         return False
 
     def shrink(self, gone: list, store):
-        """Collective over the ranks not in `gone`, through the backend's own shrink (ncclCommShrink): (impl,
-        selector) of this rank's communicator among them, renumbered in rank order, over `store`."""
+        """Collective over the ranks not in `gone`, through the backend's own shrink (ncclCommShrink): the backend
+        of this rank's communicator among them, renumbered in rank order, over `store`."""
         raise Unsupported(f"shrink is not implemented by the {self.name} backend")
 
     def stragglers(self, reset: bool) -> dict:
@@ -172,11 +171,11 @@ class Backend(abc.ABC):
 
     # -- teardown -------------------------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:
-        """Stop at once without waiting for issued operations, where the implementation can; close() follows."""
+        """Stop at once without waiting for issued operations, where the native communicator can; close() follows."""
         abort = getattr(self.impl, "abort", None)
         if abort is not None:
             abort(reason)
 
     def close(self) -> None:
-        """Release the implementation's resources (called once)."""
+        """Release the backend's resources (called once)."""
         self.impl.close()

@@ -40,7 +40,7 @@ from gpucoll.backends.work import PreMulSum
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
 
 # This module's own names for its checks, which live in usable.py (below every backend); tests and tools use them.
-__all__ = ["ALGORITHMS", "Custom", "CustomBackend", "CustomWork", "check_usable", "half_bytes", "init_backend",
+__all__ = ["ALGORITHMS", "Custom", "CustomWork", "check_usable", "half_bytes", "init_backend",
            "problems", "resolve_algo", "spawn_plan", "takes_auto"]
 
 _ALL_REDUCE = 0
@@ -81,7 +81,7 @@ class CustomWork:
         self._backend, self._event, self._kind, self._result = backend, event, kind, result
 
     def wait(self, timeout=None) -> bool:
-        self._event.wait_on(_cuda_buffers.current_stream(self._kind, self._backend.device))
+        self._event.wait_on(_cuda_buffers.current_stream(self._kind, self._backend.ordinal))
         return True
 
     def is_completed(self) -> bool:
@@ -98,17 +98,27 @@ class CustomWork:
         return "<gpucoll.Work custom all_reduce>"
 
 
-class CustomBackend:
-    """The Communicator's implementation object for backend='custom'."""
+class Custom(Backend):
+    """backend='custom': each collective goes to our kernels or to NCCL, as the topology-aware selector (select.py,
+    built at set-up) or ``algo=`` decides. `impl` is this rank's gpucoll._C.CustomComm; the NCCL fallback (send/recv,
+    groups, barrier and what the kernels decline run there) is an nccl backend this one holds. It takes CUDA buffers.
+
+    It holds NCCL and does not extend the nccl backend: a subclass inherited the nccl backend's split and shrink,
+    which do not apply to the custom kernels (85994ba). A child gets new peer memory and its own NCCL fallback, a
+    fresh create over the child's store: Backend's can_split and can_shrink (False) say so."""
+
+    name = "custom"
+    on_gpu = True
 
     def __init__(self, native, *, rank, world_size, device, store, prefix, timeout, hosts, p2p, nccl, nccl_why,
                  placement: str = "", trace_key: str = "", who=None):
-        """`placement`: why the kernels can never run on this communicator ('' when they can), as
-        CustomComm.set_placement settled it at set-up."""
-        self._native = native
-        self.trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
+        """`device`: the CUDA device ordinal (``ordinal``; Backend.device is its "cuda:N"). `nccl`: the fallback's
+        nccl backend, or None (`nccl_why` says why). `placement`: why the kernels can never run on this
+        communicator ('' when they can), as CustomComm.set_placement settled it at set-up."""
+        super().__init__(native, rank=rank, world_size=world_size)
+        self._trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
         self._who = list(who or [None] * world_size)  # [host, pid] of every rank, for the hang report
-        self.rank, self.world_size, self.device = rank, world_size, device
+        self.ordinal = device
         self._store, self._prefix, self._timeout = store, prefix, float(timeout)
         self._hosts, self._p2p = list(hosts), list(p2p)
         self._nccl, self._nccl_why = nccl, nccl_why
@@ -126,45 +136,62 @@ class CustomBackend:
             _log.warn(f"custom backend: its kernels cannot run on this communicator ({self.static_reason}); "
                       f"{'NCCL runs every call' if nccl is not None else 'calls will raise Unsupported'}")
 
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device, chosen: bool = False):
+        backend = init_backend(launch, store, timeout, device)
+        try:
+            backend.selector = select.build(store, launch.rank, launch.world_size, device=backend.ordinal,
+                                            local_size=local_size, avail=backend.availability(),
+                                            p2p_failed=backend.p2p_failed_pairs(), timeout=timeout)
+        except BaseException:
+            backend.close()
+            raise
+        backend.local_size, backend.chosen = local_size, chosen
+        return backend
+
     @property
     def native(self):
         """gpucoll._C.CustomComm (tests and tools)."""
-        return self._native
+        return self.impl
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.ordinal}"
 
     def check_buffer(self, buf, arg: str) -> None:
-        _cuda_buffers.check_device(buf, arg, self.device)
+        _cuda_buffers.check_device(buf, arg, self.ordinal)
 
     def check_timeout(self) -> None:
         """Where the kernels are known to have finished: a timed-out wait (CollectiveTimeout, the communicator is
         unusable), or a call the kernels found mismatched across ranks (InvalidArgument; it moved no data and the
         communicator stays usable)."""
-        if self._native.timed_out():
+        if self.impl.timed_out():
             # Every later wait of this communicator gives up at once (the flag stays set): refuse further calls
             # instead of returning garbage.
             self._broken = True
-            late = list(self._native.late_ranks())
-            err = CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.device}) waited longer than "
+            late = list(self.impl.late_ranks())
+            err = CollectiveTimeout(f"a custom allreduce on rank {self.rank} (cuda:{self.ordinal}) waited longer than "
                                     f"{self._timeout:g} s for rank(s) {late} (their kernels never arrived); its "
                                     f"results are invalid and the communicator is unusable", call="all_reduce",
                                     ranks=late)
             # The hang report (where every rank is, and the dump), here where the timeout is found: the Work or the
             # barrier that finds it raises past the Communicator.
             flight_recorder.on_failure(flight_recorder.Source(self.rank, self.world_size, self._timeout, "custom",
-                                                              self.trace, lambda: self.trace_key, self.peer_states,
+                                                              self.trace, self.trace_key, self.peer_states,
                                                               lambda r: self._who[r]),
                                        self._store, err)
             raise err
-        self._native.check_calls()
+        self.impl.check_calls()
 
     # -- the flight recorder and stragglers -----------------------------------------------------------------------
     def trace(self, last: int) -> dict:
         """The kernels' calls (csrc/backends/custom/cuda/kernel_trace.h: enqueue time on the host; start, end and
         state as the device recorded them) and, merged by enqueue time, the NCCL fallback's, whose names carry
         "nccl:" (the two number their collectives apart, alike on every rank, so each keeps its numbers)."""
-        t = self._native.trace(last)
+        t = self.impl.trace(last)
         if self._nccl is None:
             return t
-        other = self._nccl.native.trace(last)
+        other = self._nccl.trace(last)
         for e in other["entries"]:
             e["op"] = f"nccl:{e['op']}"
         entries = sorted(t["entries"] + other["entries"], key=lambda e: e["enqueue_ns"])
@@ -173,9 +200,12 @@ class CustomBackend:
         t["recorded"] += other["recorded"]
         return t
 
+    def trace_key(self) -> str:
+        return self._trace_key
+
     def stragglers(self, reset: bool) -> dict:
         """The kernels' own measure (barrier 0 of each call; NCCL fallback calls are not in it)."""
-        return self._native.stragglers(bool(reset))
+        return self.impl.stragglers(bool(reset))
 
     def peer_states(self):
         """Where every rank's kernels are, read from its own ring through the IPC mapping (so a rank that cannot
@@ -184,7 +214,7 @@ class CustomBackend:
         here = socket.gethostname()
         procs = [flight_recorder.proc_state(int(w[1])) if w and w[0] == here else "" for w in self._who]
         # A dead rank's memory may be gone under its mapping: its ring is not read (the kernels never touch it).
-        calls = self._native.peer_calls([r for r, p in enumerate(procs) if p == "exited"])
+        calls = self.impl.peer_calls([r for r, p in enumerate(procs) if p == "exited"])
         out = []
         for r, c in enumerate(calls):
             if c is None and procs[r] != "exited":
@@ -209,11 +239,28 @@ class CustomBackend:
         self.stats["custom"] += 1
         if not async_op:
             return None
-        event = _C.CudaEvent(self.device)
+        event = _C.CudaEvent(self.ordinal)
         event.record(s)
         return CustomWork(self, event, kind)
 
-    def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False, algo="auto"):
+    def _modelled(self) -> bool:
+        """Whether the selector decides: 'custom' asked where the GPU topology is unknown (no NVML) leaves each call
+        to the backend's own size rule."""
+        sel = self.selector
+        return sel is not None and (sel.gpus is not None or self.chosen)
+
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        if not self._modelled():
+            algo = algo[7:] if isinstance(algo, str) and algo.startswith("custom:") else algo
+            return self._run(coll, src, dst, count, redop, root, stream, async_op, algo)
+        nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
+        choice = self.selector.choose(coll, nbytes, src.dtype_name, algo, backend="auto" if self.chosen else "custom")
+        if choice.backend == "custom":
+            return self._run(coll, src, dst, count, redop, root, stream, async_op, choice.algorithm)
+        return self.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
+
+    def _run(self, coll: int, src, dst, count: int, redop, root: int, stream, async_op: bool, algo):
+        """The kernels where they take the call (`algo`: theirs or 'auto'), else NCCL with the reason logged."""
         self._check_usable()
         if coll != _ALL_REDUCE:
             reason = f"{_C.coll_names()[coll]} has no custom kernel (they do all_reduce)"
@@ -223,11 +270,11 @@ class CustomBackend:
         elif not isinstance(algo, str):
             raise InvalidArgument(f"algo must be 'auto' or one of oneshot, twoshot, ring, tree; got {algo!r}")
         premul = type(redop) is PreMulSum
-        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
+        s = _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)
         # Eligibility, algorithm and launch in one crossing (CustomComm::run_all_reduce); a misaligned pointer, a
         # per-rank fact that would split the ranks between two backends, raises there instead of declining.
-        reason = self._native.run_all_reduce(src.ptr, dst.ptr, count, src.dtype,
-                                             self._sum if premul or redop is None else redop, premul, algo, s)
+        reason = self.impl.run_all_reduce(src.ptr, dst.ptr, count, src.dtype,
+                                          self._sum if premul or redop is None else redop, premul, algo, s)
         if reason:
             return self._fallback(reason, coll, src, dst, count, redop, root, stream, async_op)
         return self._enqueued(s, async_op, src.kind)
@@ -238,9 +285,45 @@ class CustomBackend:
         self._check_usable()
         if type(redop) is PreMulSum:
             raise InvalidArgument(f"compress={compress!r} reduces with op sum or avg only; got premul_sum")
-        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
-        self._native.compressed_all_reduce(src.ptr, dst.ptr, src.count, src.dtype, redop, compress, s)
+        s = _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)
+        self.impl.compressed_all_reduce(src.ptr, dst.ptr, src.count, src.dtype, redop, compress, s)
         return self._enqueued(s, async_op, src.kind)
+
+    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
+        """all_reduce(x) in place, sync, algo 'auto', on x's own stream, of an array that only exports
+        __cuda_array_interface__: one native call, the selector's answer for its size and dtype read from a table
+        (Selector.fast_choices) that this fills the first time a size bucket is seen. Where the answer is NCCL, the
+        fallback's own one-call path. False where anything else was asked or a native call declines; the general
+        path then runs the call, with its errors and its fallback's log."""
+        if stream is not None or async_op is not False or type(op) is not str or algo != "auto":
+            return False
+        redop = FAST_OPS.get(op)
+        if redop is None or not plain_cuda_array(x):
+            return False
+        choices = self.selector.fast_choices if self._modelled() else None
+        for _ in range(2):  # at most one table miss: the second call finds the key
+            done = self.all_reduce_array(x, redop, choices)
+            if type(done) is not int:
+                break
+            if not self._fill(choices, done):
+                return False
+        if done == "nccl":
+            return self.nccl_all_reduce_array(x, redop)
+        return done is True
+
+    def _fill(self, choices: dict, key: int) -> bool:
+        """The selector's answer for all_reduce of dtype key // 64 in the size bucket 2 ** (key % 64) into
+        `choices`; False (the general path then asks, and raises) where the selector refuses."""
+        try:
+            dtype = _C.DType(key // 64).name
+            choice = self.selector.choose(ALL_REDUCE, 1 << (key % 64), dtype, "auto",
+                                          backend="auto" if self.chosen else "custom")
+        except Exception:  # noqa: BLE001 - the general path asks the same question and raises the typed error
+            return False
+        choices[key] = choice.algorithm if choice.backend == "custom" else None
+        if choice.backend != "custom":
+            self.log_fallback("all_reduce", choice.reason)
+        return True
 
     def all_reduce_array(self, x, redop, choices) -> object:
         """all_reduce(x) in place of a plain __cuda_array_interface__ array, sync, algo auto, in one native call
@@ -248,14 +331,14 @@ class CustomBackend:
         kernels; "nccl", a table key or False, with nothing enqueued, otherwise."""
         if self._closed or self._broken:
             return False  # the general path raises why
-        done = self._native.all_reduce_array(x, redop, choices)
+        done = self.impl.all_reduce_array(x, redop, choices)
         if done is True:
             self.stats["custom"] += 1
         return done
 
     def nccl_all_reduce_array(self, x, redop) -> bool:
         """The selector gave this all_reduce to NCCL (its reason logged when the table was filled): the fallback's
-        one-call path (NcclBackend.all_reduce_array)."""
+        one-call path (Nccl.all_reduce_array)."""
         if self._nccl is None or self._closed:
             return False  # the general path raises why
         done = self._nccl.all_reduce_array(x, redop)
@@ -274,7 +357,7 @@ class CustomBackend:
             raise Unsupported(f"the custom backend cannot run {what}, and it has no NCCL fallback: {self._nccl_why}")
         return self._nccl
 
-    def nccl_collective(self, reason, coll, src, dst, count, redop, root, stream=None, async_op=False):
+    def nccl_collective(self, reason, coll, src, dst, count, redop, root, stream, async_op):
         """A call the selector gave NCCL (`reason`: the model's, logged once per distinct reason)."""
         if self._closed:
             raise InvalidUsage("the custom backend is closed")
@@ -296,7 +379,7 @@ class CustomBackend:
         nccl = self._require_nccl(f"this call ({reason})")
         self.log_fallback(_C.coll_names()[coll], reason)
         self.stats["nccl"] += 1
-        return nccl.collective(coll, src, dst, count, redop, root, stream, async_op)
+        return nccl.collective(coll, "auto", src, dst, count, redop, root, stream, async_op)
 
     def p2p(self, send: bool, peer: int, buf, stream=None, async_op=False):
         return self._require_nccl("send/recv").p2p(send, peer, buf, stream, async_op)
@@ -306,9 +389,18 @@ class CustomBackend:
 
     def barrier(self) -> None:
         """Every rank's GPU work issued so far is done, then a store barrier."""
-        self._native.synchronize()
+        self.impl.synchronize()
         self.check_timeout()
         self._store.barrier(self._key("barrier"), self.world_size, timeout=self._timeout, rank=self.rank)
+
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        if not self._modelled():
+            return "custom"
+        choice = self.selector.choose(coll, nbytes, dtype, algo, backend="auto" if self.chosen else "custom")
+        return f"custom:{choice.algorithm}" if choice.backend == "custom" else "nccl"
+
+    def registrar(self, what: str):
+        return self
 
     # -- registration ---------------------------------------------------------------------------------------------
     def _key(self, what: str) -> str:
@@ -323,37 +415,37 @@ class CustomBackend:
 
     def register(self, buf) -> None:
         """Collective: map every rank's `buf` into every rank (see the module docstring)."""
-        handle, offset = self._native.export_buffer(buf.ptr)
+        handle, offset = self.impl.export_buffer(buf.ptr)
         rows = self._allgather("register", [handle.hex(), int(offset), int(buf.nbytes)])
         sizes = {row[2] for row in rows}
         if len(sizes) != 1:
             raise InvalidArgument(f"register needs a buffer of the same size on every rank; got sizes {sorted(sizes)}")
-        self._native.register_ipc(buf.ptr, buf.nbytes, [(bytes.fromhex(h), off) for h, off, _ in rows])
+        self.impl.register_ipc(buf.ptr, buf.nbytes, [(bytes.fromhex(h), off) for h, off, _ in rows])
         self._registered.append(buf.obj)
 
     def register_graph_buffers(self) -> int:
         """Collective: register the inputs first seen during graph capture; returns how many."""
-        pending = self._native.pending()
+        pending = self.impl.pending()
         mine = []
         for ptr, _nbytes in pending:
-            handle, offset = self._native.export_buffer(ptr)
+            handle, offset = self.impl.export_buffer(ptr)
             mine.append([handle.hex(), int(offset)])
         rows = self._allgather("graph", mine)
         counts = {len(row) for row in rows}
         if len(counts) != 1:
             raise InvalidUsage(f"ranks captured different numbers of new buffers ({[len(r) for r in rows]}); every "
                                f"rank must capture the same calls")
-        self._native.register_pending_ipc([[(bytes.fromhex(rows[q][i][0]), rows[q][i][1])
+        self.impl.register_pending_ipc([[(bytes.fromhex(rows[q][i][0]), rows[q][i][1])
                                             for q in range(self.world_size)] for i in range(len(pending))])
         return len(pending)
 
     @contextlib.contextmanager
     def graph_capture(self):
-        self._native.set_defer_registration(True)
+        self.impl.set_defer_registration(True)
         try:
             yield
         finally:
-            self._native.set_defer_registration(False)
+            self.impl.set_defer_registration(False)
         self.register_graph_buffers()
 
     # -- teardown -------------------------------------------------------------------------------------------------
@@ -366,124 +458,16 @@ class CustomBackend:
             return
         self._closed = True
         try:
-            self._native.synchronize()
+            self.impl.synchronize()
             # No rank frees (and unmaps) memory a peer may still read: everyone's kernels finished first.
             self._store.barrier(f"{self._prefix}close", self.world_size, timeout=min(self._timeout, 60.0),
                                 rank=self.rank)
         except Exception as e:  # noqa: BLE001 - teardown never raises; a dead peer cannot read anything anyway
             _log.debug(f"custom backend close: {e}")
-        self._native.close()
+        self.impl.close()
         self._registered.clear()
         if self._nccl is not None:
             self._nccl.close()
-
-
-class Custom(Backend):
-    """backend='custom' as the Communicator sees it: each collective goes to our kernels or to NCCL, as the
-    topology-aware selector (select.py, built at set-up) or ``algo=`` decides; the impl is CustomBackend, which
-    holds its NCCL communicator as the fallback (send/recv, groups, barrier and what the kernels decline run there).
-    It takes CUDA buffers.
-
-    It composes NCCL and does not extend the nccl backend: a subclass inherited the nccl backend's split and shrink,
-    which do not apply to the custom impl (85994ba). A child gets new peer memory and its own NCCL fallback, a fresh
-    create over the child's store: Backend's can_split and can_shrink (False) say so."""
-
-    name = "custom"
-    on_gpu = True
-
-    @property
-    def device(self) -> str:
-        return f"cuda:{self.impl.device}"
-
-    def check_buffer(self, buf, arg: str) -> None:
-        self.impl.check_buffer(buf, arg)
-
-    @classmethod
-    def create(cls, launch, store, *, timeout: float, local_size: int, device):
-        impl = init_backend(launch, store, timeout, device)
-        try:
-            selector = select.build(store, launch.rank, launch.world_size, device=impl.device, local_size=local_size,
-                                    avail=impl.availability(), p2p_failed=impl.p2p_failed_pairs(), timeout=timeout)
-        except BaseException:
-            impl.close()
-            raise
-        return impl, selector
-
-    def _modelled(self) -> bool:
-        """Whether the selector decides: 'custom' asked where the GPU topology is unknown (no NVML) leaves each call
-        to the backend's own size rule."""
-        sel = self.selector
-        return sel is not None and (sel.gpus is not None or self.chosen)
-
-    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
-        if not self._modelled():
-            algo = algo[7:] if isinstance(algo, str) and algo.startswith("custom:") else algo
-            return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=algo)
-        nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
-        choice = self.selector.choose(coll, nbytes, src.dtype_name, algo, backend="auto" if self.chosen else "custom")
-        if choice.backend == "custom":
-            return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op, algo=choice.algorithm)
-        return self.impl.nccl_collective(choice.reason, coll, src, dst, count, redop, root, stream, async_op)
-
-    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
-        return self.impl.compressed_all_reduce(src, dst, redop, compress, stream, async_op)
-
-    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
-        """all_reduce(x) in place, sync, algo 'auto', on x's own stream, of an array that only exports
-        __cuda_array_interface__: one native call, the selector's answer for its size and dtype read from a table
-        (Selector.fast_choices) that this fills the first time a size bucket is seen. Where the answer is NCCL, the
-        fallback's own one-call path. False where anything else was asked or a native call declines; the general
-        path then runs the call, with its errors and its fallback's log."""
-        if stream is not None or async_op is not False or type(op) is not str or algo != "auto":
-            return False
-        redop = FAST_OPS.get(op)
-        if redop is None or not plain_cuda_array(x):
-            return False
-        choices = self.selector.fast_choices if self._modelled() else None
-        for _ in range(2):  # at most one table miss: the second call finds the key
-            done = self.impl.all_reduce_array(x, redop, choices)
-            if type(done) is not int:
-                break
-            if not self._fill(choices, done):
-                return False
-        if done == "nccl":
-            return self.impl.nccl_all_reduce_array(x, redop)
-        return done is True
-
-    def _fill(self, choices: dict, key: int) -> bool:
-        """The selector's answer for all_reduce of dtype key // 64 in the size bucket 2 ** (key % 64) into
-        `choices`; False (the general path then asks, and raises) where the selector refuses."""
-        try:
-            dtype = _C.DType(key // 64).name
-            choice = self.selector.choose(ALL_REDUCE, 1 << (key % 64), dtype, "auto",
-                                          backend="auto" if self.chosen else "custom")
-        except Exception:  # noqa: BLE001 - the general path asks the same question and raises the typed error
-            return False
-        choices[key] = choice.algorithm if choice.backend == "custom" else None
-        if choice.backend != "custom":
-            self.impl.log_fallback("all_reduce", choice.reason)
-        return True
-
-    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
-        if not self._modelled():
-            return "custom"
-        choice = self.selector.choose(coll, nbytes, dtype, algo, backend="auto" if self.chosen else "custom")
-        return f"custom:{choice.algorithm}" if choice.backend == "custom" else "nccl"
-
-    def registrar(self, what: str):
-        return self.impl
-
-    def trace(self, last: int) -> dict:
-        return self.impl.trace(last)
-
-    def trace_key(self) -> str:
-        return self.impl.trace_key
-
-    def stragglers(self, reset: bool) -> dict:
-        return self.impl.stragglers(reset)
-
-    def peer_states(self):
-        return self.impl.peer_states()
 
 
 def _shared_gpu_problems(places) -> list:
@@ -519,8 +503,8 @@ def _time_slice_warning(rank: int, places, emulated: bool) -> str | None:
             f"(nvidia-cuda-mps-control -d), or run the ranks in one process (gpucoll.testing.virtual_ranks)")
 
 
-def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
-    """This rank's custom communicator: allocate, exchange IPC handles and SM counts through `store`, map the
+def init_backend(launch, store, timeout: float, device=None) -> Custom:
+    """This rank's custom backend, its selector not yet built (Custom.create): allocate, exchange IPC handles and SM counts through `store`, map the
     peers, prove P2P with a real copy, agree on the P2P matrix, and set up the NCCL fallback."""
     check_usable()
     P, rank = launch.world_size, launch.rank
@@ -576,6 +560,6 @@ def init_backend(launch, store, timeout: float, device=None) -> CustomBackend:
         _log.warn(slow)
     _log.debug(f"custom communicator: rank {rank}/{P} on cuda:{dev}, {native.sms} SMs, P2P row {row}")
     key = "custom-" + hashlib.sha256(json.dumps([prefix, hello]).encode()).hexdigest()[:16]  # every IPC handle
-    return CustomBackend(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
-                         hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why, placement=placement, trace_key=key,
-                         who=[[h[0], h[5]] for h in hello])
+    return Custom(native, rank=rank, world_size=P, device=dev, store=store, prefix=prefix, timeout=timeout,
+                  hosts=hosts, p2p=p2p, nccl=fallback, nccl_why=why, placement=placement, trace_key=key,
+                  who=[[h[0], h[5]] for h in hello])

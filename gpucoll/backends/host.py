@@ -38,8 +38,9 @@ class Host(Backend):
         self._group_depth = 0
 
     @classmethod
-    def create(cls, launch, store, *, timeout: float, local_size: int, device):
-        return _init_host(launch, store, timeout), None
+    def create(cls, launch, store, *, timeout: float, local_size: int, device, chosen: bool = False):
+        return cls(_init_host(launch, store, timeout), rank=launch.rank, world_size=launch.world_size,
+                   local_size=local_size, chosen=chosen)
 
     @property
     def device(self) -> str:

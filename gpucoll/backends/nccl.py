@@ -1,5 +1,5 @@
-"""The nccl backend: NCCL runs every call. Here: its Backend (``Nccl``), its implementation object (``NcclBackend``:
-streams, async Work, the watchdog), bootstrap through the rendezvous store, and the plan for ranks sharing GPUs.
+"""The nccl backend: NCCL runs every call. Here: its Backend (``Nccl``: streams, async Work, the watchdog),
+bootstrap through the rendezvous store, and the plan for ranks sharing GPUs.
 Whether it can run here, and which GPU a rank uses, is checked in usable.py (named here too).
 
 The C++ side (``csrc/backends/nccl_cuda/nccl_comm.*``, bound as ``gpucoll._C.NcclComm``) enqueues the NCCL calls and
@@ -45,7 +45,7 @@ from gpucoll.backends.work import CompletedWork, PreMulSum, Work, premul_sum
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
 # This module's own names for the checks it shares with the custom backend (tests and tools use them from here).
-__all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "NcclBackend", "PreMulSum", "Work", "auto_selects_nccl",
+__all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "PreMulSum", "Work", "auto_selects_nccl",
            "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
            "premul_sum", "problems", "spawn_plan", "version_text"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
@@ -73,17 +73,20 @@ def _copy_error(err: GpucollError) -> GpucollError:
     return copy
 
 
-class NcclBackend:
-    """The Communicator's implementation object for backend='nccl'."""
+class Nccl(Backend):
+    """backend='nccl': NCCL runs every call (its own algorithms). `impl` is this rank's gpucoll._C.NcclComm."""
+
+    name = "nccl"
+    group_fuses = True  # a coalesced call's per-array collectives go in one ncclGroupStart/End (one launch)
+    on_gpu = True
 
     def __init__(self, comm, *, rank: int, world_size: int, device: int, store, prefix: str, timeout: float,
-                 trace_key: str = ""):
+                 trace_key: str = "", local_size: int = 0):
+        """`device`: the CUDA device ordinal (``ordinal``; Backend.device is its "cuda:N")."""
         global _atexit_registered
-        self._comm = comm
-        self.trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
-        self.rank = rank
-        self.world_size = world_size
-        self.device = device
+        super().__init__(comm, rank=rank, world_size=world_size, local_size=local_size)
+        self._trace_key = trace_key  # the communicator's name in flight-recorder dumps, alike on every rank
+        self.ordinal = device
         self._store = store
         self._prefix = prefix
         self._timeout = float(timeout)
@@ -112,11 +115,19 @@ class NcclBackend:
             atexit.register(_close_all)
             _atexit_registered = True
 
+    @classmethod
+    def create(cls, launch, store, *, timeout: float, local_size: int, device, chosen: bool = False):
+        return init_backend(launch, store, timeout, device, local_size=local_size)
+
     # -- state ----------------------------------------------------------------------------------------------------
     @property
     def native(self):
         """gpucoll._C.NcclComm (for tests and tools)."""
-        return self._comm
+        return self.impl
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.ordinal}"
 
     def _raise_if_failed(self) -> None:
         err = self._error
@@ -130,11 +141,11 @@ class NcclBackend:
             self._failing = True
         # The hang report first (bounded: a quarter of the timeout, at most 10 s): every later raise of `err`, a
         # synchronize() released by the abort below included, then carries where every rank is and the dump.
-        trace = getattr(self._comm, "trace", None)  # tests stand in for the native communicator without one
+        trace = getattr(self.impl, "trace", None)  # tests stand in for the native communicator without one
         if isinstance(err, CollectiveTimeout) and trace is not None:
             try:
                 flight_recorder.on_failure(flight_recorder.Source(
-                    self.rank, self.world_size, self._timeout, "nccl", trace, lambda: self.trace_key, lambda: None,
+                    self.rank, self.world_size, self._timeout, "nccl", trace, self.trace_key, lambda: None,
                     flight_recorder.who_in_store(self._store, f"{self._prefix}joined/")),
                     self._store, err)
             except Exception as e:  # noqa: BLE001 - the failure must be recorded and the communicator aborted
@@ -142,10 +153,10 @@ class NcclBackend:
         with self._lock:
             self._error = err  # set before the abort: a synchronize() released by the abort must see it
         _log.error(str(err))
-        self._comm.abort(err.message)
+        self.impl.abort(err.message)
 
     def check_buffer(self, buf, arg: str) -> None:
-        _cuda_buffers.check_device(buf, arg, self.device)
+        _cuda_buffers.check_device(buf, arg, self.ordinal)
 
     # -- operations -----------------------------------------------------------------------------------------------
     def _native_failed(self, e: GpucollError, seq: int) -> GpucollError:
@@ -169,15 +180,21 @@ class NcclBackend:
             return _copy_error(err)
         if isinstance(e, InvalidUsage) and self._error is not None:
             return _copy_error(self._error)
-        if self._error is None and not self._comm.usable:
+        if self._error is None and not self.impl.usable:
             self._fail(e)
             return _copy_error(self._error)
         return e
 
-    def collective(self, coll: int, src, dst, count: int, redop, root: int, stream=None, async_op=False):
+    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
+        if algo not in (None, "auto", "nccl") and not (isinstance(algo, str) and algo.startswith("nccl:")):
+            raise InvalidArgument(f"algo={algo!r} cannot run on backend='nccl', which runs NCCL's own algorithms; "
+                                  f"gpucoll's run on backend='custom' or 'auto'")
+        return self._enqueue(coll, src, dst, count, redop, root, stream, async_op)
+
+    def _enqueue(self, coll: int, src, dst, count: int, redop, root: int, stream, async_op: bool):
         if self._error is not None:
             self._raise_if_failed()
-        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)
+        s = _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)
         premul = None
         if redop is None:
             redop = self._sum
@@ -186,9 +203,9 @@ class NcclBackend:
         if self._calls is not None:
             self._check_call(coll, int(src.dtype), int(redop), premul is not None, root, count)
         try:
-            native = self._comm.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
+            native = self.impl.collective(coll, src.ptr, dst.ptr, count, src.dtype, redop, root, s, async_op, premul)
         except GpucollError as e:
-            raise self._native_failed(e, self._comm.issued) from None
+            raise self._native_failed(e, self.impl.issued) from None
         self._arrivals.tick()
         if native is None:
             return None
@@ -198,13 +215,23 @@ class NcclBackend:
         if self._error is not None:
             self._raise_if_failed()
         try:
-            s = _cuda_buffers.op_stream(self.device, stream, buf)
-            native = self._comm.p2p([(send, peer, buf.ptr, buf.nbytes)], s, async_op)
+            s = _cuda_buffers.op_stream(self.ordinal, stream, buf)
+            native = self.impl.p2p([(send, peer, buf.ptr, buf.nbytes)], s, async_op)
         except GpucollError as e:
-            raise self._native_failed(e, self._comm.issued) from None
+            raise self._native_failed(e, self.impl.issued) from None
         if native is None:
             return None
         return self._track(native, buf, (buf,))
+
+    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
+        """all_reduce(x) in place, sync, on x's own stream, of an array that only exports __cuda_array_interface__
+        (gpucoll's DeviceArray, Numba, ...), with algo 'auto' or 'nccl' and a lower-case op name: one native call.
+        False where anything else was asked or the native call declines; the general path then runs the call."""
+        if stream is not None or async_op is not False or type(op) is not str or type(algo) is not str:
+            return False
+        redop = FAST_OPS.get(op)
+        return (redop is not None and (algo == "auto" or algo == "nccl") and plain_cuda_array(x)
+                and self.all_reduce_array(x, redop))
 
     def all_reduce_array(self, x, redop) -> bool:
         """all_reduce(x) in place of a plain __cuda_array_interface__ array, sync, in one native call
@@ -213,9 +240,9 @@ class NcclBackend:
         if self._error is not None or self._calls is not None:
             return False
         try:
-            done = self._comm.all_reduce_array(x, redop)
+            done = self.impl.all_reduce_array(x, redop)
         except GpucollError as e:
-            raise self._native_failed(e, self._comm.issued) from None
+            raise self._native_failed(e, self.impl.issued) from None
         if done:
             self._arrivals.tick()
         return done
@@ -231,7 +258,7 @@ class NcclBackend:
         keep = tuple(b.obj for b in bufs) + tuple(b.keep for b in bufs if b.keep is not None)
         with self._lock:
             self._inflight[id(native)] = (native, keep)
-        return Work(native, self, src.kind, self.device)
+        return Work(native, self, src.kind, self.ordinal)
 
     def barrier(self) -> None:
         """Returns once every rank called barrier() and the GPU work issued before it on the legacy default stream
@@ -240,10 +267,10 @@ class NcclBackend:
         if self._calls is not None:
             self._check_call(-1, 0, 0, False, -1, 0)
         try:
-            native = self._comm.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
-                                           self._sum, 0, 0, True, None)
+            native = self.impl.collective(_ALL_REDUCE, self._scratch_ptr(), self._scratch_ptr(), 1, _C.DType.int32,
+                                          self._sum, 0, 0, True, None)
         except GpucollError as e:
-            raise self._native_failed(e, self._comm.issued) from None
+            raise self._native_failed(e, self.impl.issued) from None
         native.synchronize()
         self._raise_if_failed()
 
@@ -254,14 +281,14 @@ class NcclBackend:
             torch = sys.modules.get("torch")
             cupy = sys.modules.get("cupy")
             if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
-                t = torch.zeros(1, dtype=torch.int32, device=f"cuda:{self.device}")
+                t = torch.zeros(1, dtype=torch.int32, device=f"cuda:{self.ordinal}")
                 self._scratch = (t, int(t.data_ptr()))
             elif cupy is not None:
-                with cupy.cuda.Device(self.device):
+                with cupy.cuda.Device(self.ordinal):
                     a = cupy.zeros(1, dtype=cupy.int32)
                 self._scratch = (a, int(a.data.ptr))
             else:
-                self._scratch = (None, int(self._comm.scratch()))
+                self._scratch = (None, int(self.impl.scratch()))
         return self._scratch[1]
 
     @contextlib.contextmanager
@@ -269,55 +296,64 @@ class NcclBackend:
         """ncclGroupStart/End around the block. The group is ended even when the block raises: NCCL's group depth is
         per thread and must balance (what was queued then launches)."""
         self._raise_if_failed()
-        self._comm.group_start()
+        self.impl.group_start()
         try:
             yield
         finally:
             try:
-                self._comm.group_end()
+                self.impl.group_end()
             except GpucollError as e:
-                raise self._native_failed(e, self._comm.issued) from None
+                raise self._native_failed(e, self.impl.issued) from None
 
     def can_split(self) -> bool:
         """Whether split() can use ncclCommSplit: the loaded NCCL has it and this communicator is healthy."""
-        return (not self._closed and self._error is None and self._comm.usable and self._comm.group_depth == 0
+        return (not self._closed and self._error is None and self.impl.usable and self.impl.group_depth == 0
                 and "ncclCommSplit" not in _nccl.load().get("missing_optional", ()))
 
     def split(self, color, key: int, store):
-        """Collective over every rank (ncclCommSplit): the NcclBackend of this rank's child over `store`, or None
+        """Collective over every rank (ncclCommSplit): the Nccl backend of this rank's child over `store`, or None
         for color None (which still takes part)."""
         self._raise_if_failed()
         try:
-            child = self._comm.split(-1 if color is None else int(color), int(key))
+            child = self.impl.split(-1 if color is None else int(color), int(key))
         except GpucollError as e:
-            raise self._native_failed(e, self._comm.issued) from None
+            raise self._native_failed(e, self.impl.issued) from None
         return None if child is None else self._adopted(child, store, "ncclCommSplit")
 
     def can_shrink(self) -> bool:
         """Whether shrink() can use ncclCommShrink: the loaded NCCL has it and this communicator is healthy (no
         failure seen: NCCL_SHRINK_DEFAULT)."""
-        return (not self._closed and self._error is None and self._comm.usable and self._comm.group_depth == 0
+        return (not self._closed and self._error is None and self.impl.usable and self.impl.group_depth == 0
                 and "ncclCommShrink" not in _nccl.load().get("missing_optional", ()))
 
     def shrink(self, gone: list, store):
-        """Collective over the ranks not in `gone` (ncclCommShrink): this rank's NcclBackend among them."""
+        """Collective over the ranks not in `gone` (ncclCommShrink): this rank's Nccl backend among them."""
         self._raise_if_failed()
         try:
-            child = self._comm.shrink([int(q) for q in gone])
+            child = self.impl.shrink([int(q) for q in gone])
         except GpucollError as e:
-            raise self._native_failed(e, self._comm.issued) from None
+            raise self._native_failed(e, self.impl.issued) from None
         return self._adopted(child, store, "ncclCommShrink")
 
     def _adopted(self, child, store, origin: str):
         # The child's store is this one's under a prefix of its own (group.py): alike on the child's ranks only.
-        key = _trace_key(f"{self.trace_key}/{origin}/{getattr(store, '_prefix', '')}/{child.nranks}".encode())
-        made = NcclBackend(child, rank=child.rank, world_size=child.nranks, device=self.device, store=store,
-                           prefix="gpucoll/nccl/0/", timeout=self._timeout, trace_key=key)
+        key = _trace_key(f"{self._trace_key}/{origin}/{getattr(store, '_prefix', '')}/{child.nranks}".encode())
+        made = Nccl(child, rank=child.rank, world_size=child.nranks, device=self.ordinal, store=store,
+                    prefix="gpucoll/nccl/0/", timeout=self._timeout, trace_key=key)
         made.origin = origin
         return made
 
+    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
+        return "nccl"
+
+    def trace(self, last: int) -> dict:
+        return self.impl.trace(last)
+
+    def trace_key(self) -> str:
+        return self._trace_key
+
     def abort(self, reason: str = "abort() was called") -> None:
-        self._comm.abort(reason)
+        self.impl.abort(reason)
 
     def close(self) -> None:
         if self._closed:
@@ -326,7 +362,7 @@ class NcclBackend:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=10.0)
-        self._comm.close()
+        self.impl.close()
         with self._lock:
             self._inflight.clear()
         _LIVE.discard(self)
@@ -335,7 +371,7 @@ class NcclBackend:
     def _watch_once(self) -> bool:
         """One watchdog step; False when the watchdog should stop."""
         try:
-            st = self._comm.poll()
+            st = self.impl.poll()
         except GpucollError as e:
             _log.debug(f"NCCL watchdog poll failed: {e}")
             return True
@@ -347,7 +383,7 @@ class NcclBackend:
             self._publish(st["issued"])
         if st["async_error"]:
             pending = f"while {st['oldest_what']} was pending" if st["pending"] else "with no operation pending"
-            self._fail(NcclError(f"NCCL reported an asynchronous error on rank {self.rank} (cuda:{self.device}) "
+            self._fail(NcclError(f"NCCL reported an asynchronous error on rank {self.rank} (cuda:{self.ordinal}) "
                                  f"{pending}: {st['async_text']}; the NCCL communicator was aborted",
                                  call="ncclCommGetAsyncError"))
             return False
@@ -392,7 +428,7 @@ class NcclBackend:
 
     def _missing_ranks(self, seq: int):
         """(ranks that had not issued operation `seq`, or None when unknown; a note for the message)."""
-        self._publish(self._comm.issued)
+        self._publish(self.impl.issued)
         # Give the other ranks' watchdogs time to publish their latest counts.
         if self._stop.wait(2 * self._publish_s + self._poll_s):
             return None, "(the communicator was closed while looking)"
@@ -409,7 +445,7 @@ class NcclBackend:
     def _on_timeout(self, st: dict) -> None:
         seq, what = int(st["oldest_seq"]), st["oldest_what"]
         head = (f"{what} did not complete within the timeout of {self._timeout:g} s on rank {self.rank} of "
-                f"{self.world_size} (cuda:{self.device})")
+                f"{self.world_size} (cuda:{self.ordinal})")
         if what.startswith(("send", "recv")):
             # Ranks issue different numbers of sends and receives, so counts say nothing here: name the peer.
             peer = re.search(r"rank (\d+)\)$", what)
@@ -447,71 +483,10 @@ def _watchdog_main(ref, stop: threading.Event, interval: float) -> None:
             return
 
 
-class Nccl(Backend):
-    """backend='nccl' as the Communicator sees it: NCCL runs every call (its own algorithms); the impl is
-    NcclBackend."""
-
-    name = "nccl"
-    group_fuses = True  # a coalesced call's per-array collectives go in one ncclGroupStart/End (one launch)
-    on_gpu = True
-
-    @classmethod
-    def create(cls, launch, store, *, timeout: float, local_size: int, device):
-        return init_backend(launch, store, timeout, device), None
-
-    @property
-    def device(self) -> str:
-        return f"cuda:{self.impl.device}"
-
-    def check_buffer(self, buf, arg: str) -> None:
-        self.impl.check_buffer(buf, arg)
-
-    def fast_all_reduce(self, x, op, algo, stream, async_op) -> bool:
-        """all_reduce(x) in place, sync, on x's own stream, of an array that only exports __cuda_array_interface__
-        (gpucoll's DeviceArray, Numba, ...), with algo 'auto' or 'nccl' and a lower-case op name: one native call.
-        False where anything else was asked or the native call declines; the general path then runs the call."""
-        if stream is not None or async_op is not False or type(op) is not str or type(algo) is not str:
-            return False
-        redop = FAST_OPS.get(op)
-        return (redop is not None and (algo == "auto" or algo == "nccl") and plain_cuda_array(x)
-                and self.impl.all_reduce_array(x, redop))
-
-    def collective(self, coll: int, algo, src, dst, count: int, redop, root: int, stream, async_op: bool):
-        if algo not in (None, "auto", "nccl") and not (isinstance(algo, str) and algo.startswith("nccl:")):
-            raise InvalidArgument(f"algo={algo!r} cannot run on backend='nccl', which runs NCCL's own algorithms; "
-                                  f"gpucoll's run on backend='custom' or 'auto'")
-        return self.impl.collective(coll, src, dst, count, redop, root, stream, async_op)
-
-    def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
-        return "nccl"
-
-    def trace(self, last: int) -> dict:
-        return self.impl.native.trace(last)
-
-    def trace_key(self) -> str:
-        return self.impl.trace_key
-
-    def stragglers(self, reset: bool) -> dict:
-        return self.impl.stragglers(reset)
-
-    def can_split(self) -> bool:
-        return self.impl.can_split()
-
-    def split(self, color, key: int, store):
-        child = self.impl.split(color, key, store)
-        return None if child is None else (child, None)
-
-    def can_shrink(self) -> bool:
-        return self.impl.can_shrink()
-
-    def shrink(self, gone: list, store):
-        return self.impl.shrink(gone, store), None
-
-
 # -- bootstrap ------------------------------------------------------------------------------------------------------
 
-def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
-    """This rank's NCCL communicator: rank 0 makes the unique id and publishes it through `store`; every rank
+def init_backend(launch, store, timeout: float, device=None, local_size: int = 0) -> Nccl:
+    """This rank's nccl backend: rank 0 makes the unique id and publishes it through `store`; every rank
     creates its communicator non-blocking, with `timeout` covering the init."""
     check_usable()
     probe = _C.cuda_probe()
@@ -540,8 +515,8 @@ def init_backend(launch, store, timeout: float, device=None) -> NcclBackend:
     if config.get_bool("GPUCOLL_NCCL_BLOCKING_OPS") and launch.world_size > 1:
         _split_blocking(comm, launch, store, prefix, timeout)
     _log.debug(f"NCCL communicator: rank {launch.rank}/{launch.world_size} on cuda:{dev}")
-    return NcclBackend(comm, rank=launch.rank, world_size=launch.world_size, device=dev, store=store, prefix=prefix,
-                       timeout=timeout, trace_key=_trace_key(bytes(uid)))
+    return Nccl(comm, rank=launch.rank, world_size=launch.world_size, device=dev, store=store, prefix=prefix,
+                timeout=timeout, trace_key=_trace_key(bytes(uid)), local_size=local_size)
 
 
 def _trace_key(seed: bytes) -> str:

@@ -1,4 +1,4 @@
-"""Stragglers on the NCCL backend (NcclBackend holds one ``Arrivals``): a collective's arrival is when each rank
+"""Stragglers on the NCCL backend (the Nccl backend holds one ``Arrivals``): a collective's arrival is when each rank
 enqueued it, as its flight recorder says. Each rank's watchdog publishes its last SAMPLE collectives' enqueue times
 through the store with the progress it publishes anyway (at most every 0.5 s, never on a call's path);
 ``stats()`` reads the peers' samples and adds each collective to a window (csrc/core/stragglers.h, the host

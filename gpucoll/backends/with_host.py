@@ -27,9 +27,9 @@ from gpucoll.errors import InvalidArgument, InvalidUsage
 def host_maker(launch, store, timeout: float):
     """WithHost's make_host: the host Backend of these ranks over `store`, built by every rank together."""
     def make_host():
-        impl, selector = Host.create(launch, store, timeout=timeout, local_size=0, device=None)
+        host = Host.create(launch, store, timeout=timeout, local_size=0, device=None)
         _log.debug(f"rank {launch.rank}: CPU buffers run on a host communicator (backend='auto' on a GPU)")
-        return Host(impl, rank=launch.rank, world_size=launch.world_size, selector=selector)
+        return host
     return make_host
 
 

@@ -298,7 +298,7 @@ class _Rank:
         """--compare unchecked (measuring the host backend's cross-rank call check only): out-of-place timings
         with the check on and off, alternating, UNCHECKED_ROUNDS of each in these same ranks; their medians and
         the ratio unchecked / checked. Every rank switches between the same two calls."""
-        impl, saved = self.comm._impl, list(self.bw_sum.get(algo, [0.0, 0]))
+        impl, saved = self.comm._ops.impl, list(self.bw_sum.get(algo, [0.0, 0]))
         times: dict = {True: [], False: []}
         try:
             for _ in range(UNCHECKED_ROUNDS):

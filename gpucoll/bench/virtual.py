@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 
 import numpy as np
 
@@ -159,7 +160,7 @@ class VirtualComm:
         self.rank, self.world_size = rank, world.n
         self.device = f"cuda:{world.device}"
         self.bench_stream = world.stream(rank)
-        self._impl = _CallCheckSwitch(world.vr)
+        self._ops = types.SimpleNamespace(impl=_CallCheckSwitch(world.vr))  # as Communicator._ops.impl
 
     def _call(self, name: str, x, out=None, **kwargs):
         res = self._world.exchange(self.rank, name, (x, out), _issue(self._world.vr, name, kwargs))

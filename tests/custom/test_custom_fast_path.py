@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import gpucoll
-from gpucoll.backends.custom import Custom, CustomBackend
+from gpucoll.backends.custom import Custom
 from gpucoll.errors import InvalidArgument
 from gpucoll.testing import DeviceArray
 
@@ -72,7 +72,7 @@ def _exact(comm, with_nccl: bool):
                         errs.append(f"{dtype} {op} n={count}: a call the kernels decline did not reach the fallback")
     finally:
         restore()
-    stats = dict(comm._impl.stats)
+    stats = dict(comm._ops.stats)
     table = dict(comm._ops.selector.fast_choices) if comm._ops._modelled() else None
     if table is not None:  # each bucket's entry is the selector's answer for that bucket, under the native key
         sel = comm._ops.selector
@@ -102,7 +102,7 @@ def test_every_dtype_and_op_is_exact_and_the_kernels_take_theirs_in_one_call():
 def _nccl_bucket(comm):
     """backend='auto' (its GPU side the custom backend, free to choose NCCL) and GPUCOLL_ALGO=nccl, set before spawn:
     the selector gives every all_reduce to NCCL, which the one-call path then runs through NCCL's own
-    (NcclBackend.all_reduce_array), the general path untouched."""
+    (Nccl.all_reduce_array), the general path untouched."""
     gpu = comm._ops.gpu
     ran, restore = _counting_general_path()
     x = DeviceArray.from_host(np.full(1000, comm.rank + 1, np.float32), device=_device(comm))
@@ -111,7 +111,7 @@ def _nccl_bucket(comm):
         comm.all_reduce(x)
     finally:
         restore()
-    return gpu.name, ran, dict(gpu.impl.stats), dict(gpu.selector.fast_choices), x.to_host()[[0, -1]].tolist()
+    return gpu.name, ran, dict(gpu.stats), dict(gpu.selector.fast_choices), x.to_host()[[0, -1]].tolist()
 
 
 def test_a_bucket_the_selector_gives_nccl_runs_through_nccls_one_call(monkeypatch):
@@ -127,7 +127,7 @@ def test_a_bucket_the_selector_gives_nccl_runs_through_nccls_one_call(monkeypatc
 
 
 def _on_its_stream(comm):
-    return gpu_arrays.reduce_on_interface_stream(comm, CustomBackend)
+    return gpu_arrays.reduce_on_interface_stream(comm, Custom)
 
 
 def test_an_interface_stream_is_the_one_it_runs_on():

@@ -345,7 +345,7 @@ def _spawn_matrix(comm, provider):
                                  helpers.reference([b[:4097] for b in big], "float32", "sum")):
             fails.append(f"registered in-place {algo} rank {r}")
         _REGISTERED.append(y)
-    return fails, dict(comm._impl.stats)
+    return fails, dict(comm._ops.stats)
 
 
 @pytest.mark.slow
@@ -554,7 +554,7 @@ def _fallback(comm, provider):
     x = prov.upload(np.full(10, float(comm.rank + 1), np.float32), "float32")
     comm.all_reduce(x, op="prod")  # no custom kernel for prod: NCCL runs it
     prov.synchronize()
-    return prov.download(x, "float32").tolist(), dict(comm._impl.stats)
+    return prov.download(x, "float32").tolist(), dict(comm._ops.stats)
 
 
 @pytest.mark.parametrize("provider", gpu_arrays.provider_params())
@@ -588,7 +588,7 @@ def _misaligned(comm):
     x = A.upload(np.full(10, float(comm.rank + 1), np.float32), "float32")
     comm.all_reduce(x)  # the refused call left the ranks in step: the next one runs on the kernels
     A.synchronize()
-    return refused, A.download(x, "float32").tolist(), dict(comm._impl.stats)
+    return refused, A.download(x, "float32").tolist(), dict(comm._ops.stats)
 
 
 def test_misaligned_pointer_is_an_argument_error_on_every_rank():
@@ -611,7 +611,7 @@ def _old_nccl_shared_gpu(comm):
         comm.all_reduce(x, op="prod")  # no custom kernel: the fallback would run it, and there is none
     except Unsupported as e:
         refused = str(e)
-    return A.download(x, "float32").tolist(), refused, dict(comm._impl.stats)
+    return A.download(x, "float32").tolist(), refused, dict(comm._ops.stats)
 
 
 def test_processes_share_a_gpu_with_an_nccl_older_than_2_30(monkeypatch):
@@ -641,7 +641,7 @@ def test_sanitizers_clean():
 
 
 def _process_shapes(comm, nbytes):
-    native = comm._impl._native
+    native = comm._ops.impl
     return native.sms, tuple(native.shape_for("twoshot", nbytes, _C.DType.float32, _C.RedOp.sum))
 
 

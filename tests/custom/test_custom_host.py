@@ -290,13 +290,13 @@ class _TimedOutNative:
 
 
 def test_timed_out_custom_backend_refuses_later_calls():
-    backend = _custom_backend.CustomBackend(_TimedOutNative(), rank=0, world_size=2, device=0, store=None, prefix="",
-                                            timeout=1.0, hosts=["h", "h"], p2p=[1, 1, 1, 1], nccl=None, nccl_why="")
+    backend = _custom_backend.Custom(_TimedOutNative(), rank=0, world_size=2, device=0, store=None, prefix="",
+                                     timeout=1.0, hosts=["h", "h"], p2p=[1, 1, 1, 1], nccl=None, nccl_why="")
     with pytest.raises(gpucoll.errors.CollectiveTimeout, match=r"waited longer than 1 s for rank\(s\) \[1\]") as e:
         backend.check_timeout()
     assert e.value.ranks == (1,)
     with pytest.raises(gpucoll.errors.InvalidUsage, match="timed out waiting for a peer; the communicator is unusable"):
-        backend.collective(0, None, None, 10, None, 0)
+        backend.collective(0, "auto", None, None, 10, None, 0, None, False)
 
 
 # -- processes sharing a GPU ------------------------------------------------------------------------------------------

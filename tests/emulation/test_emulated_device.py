@@ -120,7 +120,7 @@ def test_residency_limit_follows_the_device_shape():
 
 def _two_devices(comm):
     x = gpu_arrays.DeviceArrays().upload(np.full(1000, comm.rank + 1.0, np.float32), "float32", comm.rank)
-    out = {"p2p": list(comm._impl.native.p2p_row), "reason": comm._impl.static_reason}
+    out = {"p2p": list(comm._ops.native.p2p_row), "reason": comm._ops.static_reason}
     try:
         comm.all_reduce(x)
         out["result"] = float(x.to_host()[0])

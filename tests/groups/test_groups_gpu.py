@@ -31,10 +31,10 @@ def _split_worker(comm) -> list:
     fails = []
     sub = comm.split(r % 2, key=-r)
     if comm.backend == "nccl":
-        if sub._impl.origin != "ncclCommSplit":
-            fails.append(f"rank {r}: the NCCL child was made by {sub._impl.origin}, not ncclCommSplit")
-        if sub._impl.native.blocking != comm._impl.native.blocking:
-            fails.append(f"rank {r}: a child of a {'blocking' if comm._impl.native.blocking else 'non-blocking'} "
+        if sub._ops.origin != "ncclCommSplit":
+            fails.append(f"rank {r}: the NCCL child was made by {sub._ops.origin}, not ncclCommSplit")
+        if sub._ops.native.blocking != comm._ops.native.blocking:
+            fails.append(f"rank {r}: a child of a {'blocking' if comm._ops.native.blocking else 'non-blocking'} "
                          f"NCCL communicator is not")
     members = sorted((q for q in range(P) if q % 2 == r % 2), reverse=True)
     fails += helpers.every_collective(sub, members, f"{comm.backend} split", n=257, put=PUT, get=GET)
@@ -77,8 +77,8 @@ def _shrink_worker(comm, leaving: int) -> dict:
     new = comm.shrink(exclude=[leaving])
     survivors = [q for q in range(comm.world_size) if q != leaving]
     out = {"shape": (new.rank, new.world_size)}
-    if comm.backend == "nccl" and new._impl.origin != "ncclCommShrink":
-        out["origin"] = new._impl.origin
+    if comm.backend == "nccl" and new._ops.origin != "ncclCommShrink":
+        out["origin"] = new._ops.origin
     out["fails"] = helpers.every_collective(new, survivors, f"{comm.backend} shrunk", n=257, put=PUT, get=GET)
     new.close()
     return out

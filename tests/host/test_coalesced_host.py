@@ -149,11 +149,11 @@ def _worker(comm, with_torch):
         fails.append(f"premul_sum: got {x[0].tolist()} {x[1].tolist()}")
 
     # Empty list (still one collective: a rank with nothing meets the others), single array, a tuple.
-    seq = comm._impl.op_seq
+    seq = comm._ops.impl.op_seq
     if comm.all_reduce_coalesced([]) != [] or comm.all_gather_coalesced([]) != []:
         fails.append("empty list: not returned")
-    if comm._impl.op_seq != seq + 2:
-        fails.append(f"empty lists made {comm._impl.op_seq - seq} collectives, not 2")
+    if comm._ops.impl.op_seq != seq + 2:
+        fails.append(f"empty lists made {comm._ops.impl.op_seq - seq} collectives, not 2")
     err = _raises(lambda: comm.all_reduce_coalesced([] if r else [np.ones(3, np.float32)]), gpucoll.InvalidArgument,
                   "all_reduce_coalesced")
     if err:

@@ -332,7 +332,7 @@ def test_torch_fp8_resolves_and_host_refuses_it():
         comm.all_gather(t)
     # The C++ host backend refuses them too (defence in depth).
     with pytest.raises(Unsupported, match="fp8 collectives need the nccl backend"), host_comm() as comm:
-        comm._impl.run("ring", 0, t.data_ptr(), t.data_ptr(), 8, _C.DType.float8_e5m2, _C.RedOp.sum, 0, 0)
+        comm._ops.impl.run("ring", 0, t.data_ptr(), t.data_ptr(), 8, _C.DType.float8_e5m2, _C.RedOp.sum, 0, 0)
 
 
 def _fake_buffer(kind="torch", device="cuda:0", nbytes=16):
@@ -472,8 +472,8 @@ def fast_watchdog(monkeypatch):
 
 
 def make_backend(store, comm=None, rank=0, world_size=3, timeout=0.2):
-    return _nccl_backend.NcclBackend(comm or FakeComm(), rank=rank, world_size=world_size, device=0, store=store,
-                                     prefix="t/", timeout=timeout)
+    return _nccl_backend.Nccl(comm or FakeComm(), rank=rank, world_size=world_size, device=0, store=store,
+                              prefix="t/", timeout=timeout)
 
 
 def wait_for(cond, limit=10.0):
@@ -502,7 +502,7 @@ def test_watchdog_timeout_names_operation_seq_and_missing_ranks(store, fast_watc
         assert store.get("t/seq/0") == b"5"  # this rank's progress was published
         src = _fake_buffer()
         with pytest.raises(CollectiveTimeout, match="ranks that had not reached") as first:
-            backend.collective(0, src, src, 4, None, 0)
+            backend.collective(0, "auto", src, src, 4, None, 0, None, False)
         with pytest.raises(CollectiveTimeout) as second:
             backend.barrier()
         assert first.value is not second.value and first.value is not err  # a fresh exception per raise
@@ -594,9 +594,9 @@ def test_async_work_keeps_buffers_until_complete_and_waits_on_current_stream(sto
     backend = make_backend(store, comm, timeout=60.0)
     try:
         src = _buffers.resolve(FakeCAI(stream=55), "x")
-        assert backend.collective(0, src, src, 4, None, 0) is None  # synchronous: no Work
+        assert backend.collective(0, "auto", src, src, 4, None, 0, None, False) is None  # synchronous: no Work
         assert comm.calls[-1][5] == 55 and joins == []  # ordered on the producer's stream
-        work = backend.collective(0, src, src, 4, gpucoll.premul_sum(0.25), 0, stream=9, async_op=True)
+        work = backend.collective(0, "auto", src, src, 4, gpucoll.premul_sum(0.25), 0, 9, True)
         assert comm.calls[-1][3] == _C.RedOp.sum and comm.calls[-1][7] == 0.25 and comm.calls[-1][5] == 9
         assert joins == [(9, 55, 0)]  # stream= waits for the producer's stream first
         assert isinstance(work, _nccl_backend.Work) and len(backend._inflight) == 1

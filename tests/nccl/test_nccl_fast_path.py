@@ -12,7 +12,7 @@ import pytest
 
 import gpucoll
 from gpucoll._device_array import DeviceArray
-from gpucoll.backends.nccl import NcclBackend
+from gpucoll.backends.nccl import Nccl
 from gpucoll.errors import Unsupported
 
 pytestmark = [pytest.mark.spawns, pytest.mark.gpu]
@@ -30,8 +30,8 @@ def _exact(comm):
     """Every dtype x op x count on the one-call path against the reference, the general path off: a call that fell
     back to it fails loudly instead of passing unseen."""
     P, r, dev = comm.world_size, comm.rank, _device(comm)
-    general = NcclBackend.collective
-    NcclBackend.collective = lambda *a, **k: (_ for _ in ()).throw(AssertionError("the general path ran"))
+    general = Nccl.collective
+    Nccl.collective = lambda *a, **k: (_ for _ in ()).throw(AssertionError("the general path ran"))
     errs = []
     try:
         for dtype in DTYPES:
@@ -47,7 +47,7 @@ def _exact(comm):
                     if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
                         errs.append(f"{dtype} {op} n={count}")
     finally:
-        NcclBackend.collective = general
+        Nccl.collective = general
     return errs
 
 
@@ -57,7 +57,7 @@ def test_every_dtype_and_op_is_exact_on_the_one_call_path():
 
 
 def _on_its_stream(comm):
-    return gpu_arrays.reduce_on_interface_stream(comm, NcclBackend)
+    return gpu_arrays.reduce_on_interface_stream(comm, Nccl)
 
 
 def test_an_interface_stream_is_the_one_it_runs_on():

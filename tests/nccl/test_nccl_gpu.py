@@ -256,7 +256,7 @@ def test_collectives(world_results, case, kind):
 
 def _blocking_worker(comm, kinds):
     """GPUCOLL_NCCL_BLOCKING_OPS=1: the operations run on a blocking communicator split off the init's."""
-    failures = [] if comm._impl.native.blocking else ["the communicator is not blocking"]
+    failures = [] if comm._ops.native.blocking else ["the communicator is not blocking"]
     for kind in kinds:
         A = Arrays(kind, int(comm.device.split(":")[1]))
         for dtype in ("float32", "bfloat16", "int32"):
@@ -356,7 +356,7 @@ def comm():
 
 def test_backend_and_device(comm):
     assert comm.backend == "nccl" and comm.device == "cuda:0"
-    assert comm._impl.native.nccl_version == nccl_version()
+    assert comm._ops.native.nccl_version == nccl_version()
 
 
 @pytest.mark.parametrize("kind", PROVIDERS)

@@ -74,14 +74,14 @@ def test_explicit_stream_waits_for_input_and_output_producers(store, joins):
     try:
         src = _buffers.resolve(FakeCAI(stream=55), "x")
         dst = _buffers.resolve(FakeCAI(stream=66, ptr=0xBEEF0000), "out")
-        backend.collective(0, src, dst, 4, None, 0)
+        backend.collective(0, "auto", src, dst, 4, None, 0, None, False)
         assert comm.calls[-1][5] == 55 and joins == [(55, 66, 0)]  # on x's producer stream, after out's
         joins.clear()
-        backend.collective(0, src, dst, 4, None, 0, stream=9)
+        backend.collective(0, "auto", src, dst, 4, None, 0, 9, False)
         assert comm.calls[-1][5] == 9 and joins == [(9, 55, 0), (9, 66, 0)]
         joins.clear()
         ready = _buffers.resolve(FakeCAI(stream=None), "x")
-        backend.collective(0, ready, ready, 4, None, 0, stream=9)
+        backend.collective(0, "auto", ready, ready, 4, None, 0, 9, False)
         assert joins == []  # "stream": None means the data is ready already
     finally:
         backend.close()
@@ -110,13 +110,13 @@ def test_native_timeout_names_the_missing_ranks(store):
     try:
         src = _buffers.resolve(FakeCAI(), "x")
         with pytest.raises(CollectiveTimeout) as info:
-            backend.collective(0, src, src, 4, None, 0)
+            backend.collective(0, "auto", src, src, 4, None, 0, None, False)
         err = info.value
         assert err.ranks == (2,) and "ranks that had not reached operation #3: [2]" in str(err)
         assert "all_reduce #3" in str(err) and err.call == "ncclAllReduce"
         assert isinstance(backend._error, CollectiveTimeout) and comm.aborted  # recorded: later calls raise it
         with pytest.raises(CollectiveTimeout, match=r"\[2\]"):
-            backend.collective(0, src, src, 4, None, 0)
+            backend.collective(0, "auto", src, src, 4, None, 0, None, False)
     finally:
         backend.close()
 
@@ -127,7 +127,7 @@ def test_call_interrupted_by_the_watchdog_raises_its_failure(store):
     try:
         src = _buffers.resolve(FakeCAI(), "x")
         with pytest.raises(InvalidUsage, match="interrupted"):
-            backend.collective(0, src, src, 4, None, 0)  # no recorded failure: the native error as it is
+            backend.collective(0, "auto", src, src, 4, None, 0, None, False)  # no recorded failure: the native error as it is
         # The watchdog recorded a failure while the call was inside NCCL: that failure is what the caller sees.
         backend._error = CollectiveTimeout("broadcast #1 did not complete", ranks=(1,))
         mapped = backend._native_failed(InvalidUsage("interrupted"), 1)

@@ -1,7 +1,7 @@
 """The Communicator's per-call choice on the custom backend: each call goes where gpucoll/backends/select.py sends it.
 
-The custom backend needs a GPU, so its implementation object is a recording stand-in here; the selector is the
-real one, on recorded topologies. What is checked is the wiring: which of the backend's two paths (our kernels or
+The custom backend needs a GPU, so its two paths (our kernels, NCCL) record each call here instead of running it;
+the selector is the real one, on recorded topologies. What is checked is the wiring: which of the backend's two paths (our kernels or
 NCCL) a call takes, with which algorithm, for 'auto' and for an explicit backend='custom'."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 from gpucoll import _C
 from gpucoll import topology as T
 from gpucoll.backends import custom as _custom_backend
+from gpucoll.backends import nccl as _nccl_backend
+from gpucoll.backends.base import Backend
 from gpucoll.backends.select import Availability, Selector
 from gpucoll.communicator import Communicator
 from gpucoll.errors import InvalidArgument
@@ -25,23 +27,41 @@ BOTH = Availability(nccl=True, custom=True, custom_algorithms=_custom_backend.AL
 pytestmark = pytest.mark.usefixtures("no_selection_env")
 
 
-class Recorder:
-    """The custom backend's interface to the Communicator, recording which path each call took."""
+class Recorder(_custom_backend.Custom):
+    """The custom backend with its selection as it is, recording which path each call took (host buffers pass)."""
 
-    device = 0
-
-    def __init__(self):
+    def __init__(self, nranks, selector, chosen):
+        super().__init__(None, rank=0, world_size=nranks, device=0, store=None, prefix="", timeout=5.0,
+                         hosts=["h"] * nranks, p2p=[1] * nranks * nranks, nccl=None, nccl_why="not here")
+        self.selector, self.chosen = selector, chosen
         self.calls = []
 
     def check_buffer(self, buf, arg):
         pass
 
-    def collective(self, coll, src, dst, count, redop, root, stream=None, async_op=False, algo="auto"):
+    def _run(self, coll, src, dst, count, redop, root, stream, async_op, algo):
         self.calls.append(("custom", algo, count))
 
-    def nccl_collective(self, reason, coll, src, dst, count, redop, root, stream=None, async_op=False):
+    def nccl_collective(self, reason, coll, src, dst, count, redop, root, stream, async_op):
         assert reason  # the model's reason is what the backend logs
         self.calls.append(("nccl", None, count))
+
+    def close(self):
+        pass
+
+
+class NcclRecorder(_nccl_backend.Nccl):
+    """The nccl backend's checks as they are, recording what it would enqueue (no NCCL communicator behind it)."""
+
+    def __init__(self):
+        Backend.__init__(self, None, rank=0, world_size=2)
+        self.calls = []
+
+    def check_buffer(self, buf, arg):
+        pass
+
+    def _enqueue(self, coll, src, dst, count, redop, root, stream, async_op):
+        self.calls.append(("nccl", count))
 
     def close(self):
         pass
@@ -51,10 +71,9 @@ def comm(fixture, nranks, chosen, gpus=None, avail=BOTH):
     topo = T.load(str(FIX / fixture))
     sel = Selector(topo, rank=0, world_size=nranks, gpus=gpus if gpus is not None else list(range(nranks)),
                    avail=avail) if gpus != "unknown" else Selector(topo, rank=0, world_size=nranks, avail=avail)
-    impl = Recorder()
-    c = Communicator(rank=0, world_size=nranks, backend="custom", impl=impl, store=None, timeout=5.0,
-                     selector=sel, chosen=chosen)
-    return c, impl
+    ops = Recorder(nranks, sel, chosen)
+    c = Communicator(rank=0, world_size=nranks, backend="custom", ops=ops, store=None, timeout=5.0)
+    return c, ops
 
 
 def big(nbytes):
@@ -114,7 +133,7 @@ def test_p2p_kernels_where_p2p_works():
 def test_failed_probe_takes_a_pair_out():
     c, impl = comm("h100_8x_nvsmi.txt", 2, chosen=True)
     c.all_reduce(big(8 << 10))
-    c._selector.mark_p2p_failed([(0, 1)])
+    c._ops.selector.mark_p2p_failed([(0, 1)])
     c.all_reduce(big(8 << 10))
     assert [k[0] for k in impl.calls] == ["custom", "nccl"]
 
@@ -129,10 +148,10 @@ def test_unknown_topology():
 
 
 def test_what_the_backend_tells_the_selector():
-    """CustomBackend's availability and failed pairs, from the P2P matrix its probe agreed on."""
-    be = _custom_backend.CustomBackend(None, rank=0, world_size=3, device=0, store=None, prefix="", timeout=1.0,
-                                       hosts=["a", "a", "a"], p2p=[1, 1, 0, 1, 1, 1, 1, 1, 1], nccl=None,
-                                       nccl_why="no NCCL here")
+    """The custom backend's availability and failed pairs, from the P2P matrix its probe agreed on."""
+    be = _custom_backend.Custom(None, rank=0, world_size=3, device=0, store=None, prefix="", timeout=1.0,
+                                hosts=["a", "a", "a"], p2p=[1, 1, 0, 1, 1, 1, 1, 1, 1], nccl=None,
+                                nccl_why="no NCCL here")
     assert be.p2p_failed_pairs() == [(0, 2)]
     a = be.availability()
     assert a.custom and not a.nccl and "no NCCL here" in a.nccl_why
@@ -146,12 +165,12 @@ def test_auto_never_takes_custom_without_a_gpu():
 
 
 def test_nccl_backend_refuses_our_algorithms():
-    impl = Recorder()
-    c = Communicator(rank=0, world_size=2, backend="nccl", impl=impl, store=None, timeout=5.0)
+    impl = NcclRecorder()
+    c = Communicator(rank=0, world_size=2, backend="nccl", ops=impl, store=None, timeout=5.0)
     x = big(4096)
     with pytest.raises(InvalidArgument, match="algo='oneshot' cannot run on backend='nccl'"):
         c.all_reduce(x, algo="oneshot")
     c.all_reduce(x, algo="nccl:ring")
     c.all_reduce(x)
     # both reach the backend's one entry point, with no algorithm forwarded (NCCL chooses its own)
-    assert impl.calls == [("custom", "auto", 1024), ("custom", "auto", 1024)]
+    assert impl.calls == [("nccl", 1024), ("nccl", 1024)]

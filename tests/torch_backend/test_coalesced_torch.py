@@ -38,10 +38,10 @@ def _worker(rank, world_size):
 
     def run(key, fn, tensors):
         calls.update(coalesced=0, all_reduce=0)
-        seq = comm._impl.op_seq
+        seq = comm._ops.impl.op_seq
         fn()
         out[key] = ([t.to(torch.float64).tolist() if not t.is_complex() else torch.view_as_real(t).tolist()
-                     for t in tensors], dict(calls), comm._impl.op_seq - seq)
+                     for t in tensors], dict(calls), comm._ops.impl.op_seq - seq)
 
     def values(shape, dtype=torch.float32, k=0):
         n = 1

@@ -40,7 +40,7 @@ def _entries_worker(comm):
         comm.all_reduce(np.zeros(4 if comm.rank == 0 else 5, np.float32))
     except InvalidArgument as e:
         mismatch = str(e)
-    own = comm._impl.peer_states()[comm.rank]  # this rank's own words: what the peers read of it from now on
+    own = comm._ops.impl.peer_states()[comm.rank]  # this rank's own words: what the peers read of it from now on
     comm.all_reduce(np.ones(2, np.float16), op="avg")  # 7: still usable
     whole = comm.trace()
     return {"trace": whole, "last2": comm.trace(last=2)["entries"], "own": (own["entered"], own["done"]),
