@@ -133,6 +133,18 @@ struct Plan {
 struct Job {
   std::thread thread;
   std::atomic<bool> done{false};
+  // Nobody may have joined it: async_state joins only a job it finds done, and a later job replaces it on its
+  // communicator, so the last reference can go with the job's own lambda, on its own thread, when the thread ends.
+  // A joinable std::thread destroyed is std::terminate ("terminate called without an active exception", seen under
+  // load at the end of DDP runs and in NCCL init).
+  ~Job() {
+    if (!thread.joinable()) return;
+    if (thread.get_id() == std::this_thread::get_id()) {
+      thread.detach();
+    } else {
+      thread.join();
+    }
+  }
 };
 
 // Peer state as the bootstrap exchanges it.
