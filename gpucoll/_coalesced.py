@@ -4,14 +4,16 @@ communicator.py for size.
 Many small arrays cost one collective's fixed part each (the host backend's call check and step hand-offs, a kernel
 launch and NCCL's set-up on a GPU); fused, they cost it about once. What each backend does:
 
-* host: one native call (csrc/python/host_coalesced.cc) packs the arrays into a staging buffer of at most
-  GPUCOLL_HOST_FUSION_BYTES per communicator, runs one collective per chunk of that size and unpacks; a chunk
-  whose arrays are already one contiguous range of memory (consecutive views of one buffer) runs in place.
+* host: one native call (csrc/python/host_coalesced.cc), one collective per chunk of GPUCOLL_HOST_FUSION_BYTES; the
+  all-reduce's copy-in gathers from the arrays and its result is written straight into them (no staging copy),
+  the all-gather stages through a buffer of at most that size per communicator.
 * nccl: one all_reduce (all_gather) per array inside one ncclGroupStart/End, which NCCL fuses into one launch.
 * custom: one call per array (its kernels run one array each; what they hand to NCCL is not grouped).
 """
 
 from __future__ import annotations
+
+import bisect
 
 from gpucoll import _buffers
 from gpucoll._native import _C
@@ -42,6 +44,23 @@ def _resolve_all(comm, arrays, arg: str, writable: bool) -> list:
             raise InvalidArgument(f"{arg}[{j}] overlaps {arg}[{i}]: each array is written in place, so they must "
                                   f"not share memory")
     return bufs
+
+
+def _overlap_with(outs: list, ins: list):
+    """(i, j) where outs[i] overlaps ins[j], or None, in n log n (lists run to thousands of arrays): among the inputs
+    that start before an output ends, the one reaching furthest decides."""
+    spans = sorted((b.ptr, b.ptr + b.nbytes, j) for j, b in enumerate(ins) if b.nbytes)
+    starts = [s for s, _, _ in spans]
+    reach, end, who = [], -1, -1
+    for _, e, j in spans:
+        if e > end:
+            end, who = e, j
+        reach.append((end, who))
+    for i, d in enumerate(outs):
+        k = bisect.bisect_left(starts, d.ptr + d.nbytes) - 1
+        if d.nbytes and k >= 0 and reach[k][0] > d.ptr:
+            return i, reach[k][1]
+    return None
 
 
 def all_reduce(comm, arrays, redop, async_op: bool):
@@ -79,9 +98,9 @@ def all_gather(comm, inputs, outputs, async_op: bool):
             if d.dtype_name != s.dtype_name or d.count != s.count * world:
                 raise InvalidArgument(f"outputs[{i}] must be {world} x inputs[{i}]'s {s.count} {s.dtype_name} "
                                       f"elements; got {d.count} {d.dtype_name}")
-            for j, other in enumerate(srcs):
-                if d.overlaps(other):
-                    raise InvalidArgument(f"outputs[{i}] overlaps inputs[{j}]; pass separate arrays")
+        hit = _overlap_with(dsts, srcs)
+        if hit is not None:
+            raise InvalidArgument(f"outputs[{hit[0]}] overlaps inputs[{hit[1]}]; pass separate arrays")
     try:
         work = comm._ops.all_gather_coalesced(srcs, dsts, async_op)
     except (CollectiveTimeout, RemoteError) as e:
