@@ -234,6 +234,10 @@ class Custom(Backend):
             raise InvalidUsage("a custom allreduce of this communicator timed out waiting for a peer; the "
                                "communicator is unusable: close it and create a new one")
 
+    def _stream(self, stream, src, dst):
+        """The stream a call runs on: stream=, else the arrays' own (the caller's current one), ordered after it."""
+        return _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)
+
     def _enqueued(self, s, async_op: bool, kind: str):
         """A call the kernels took on stream `s`: counted, and its Work for async_op."""
         self.stats["custom"] += 1
@@ -270,7 +274,7 @@ class Custom(Backend):
         elif not isinstance(algo, str):
             raise InvalidArgument(f"algo must be 'auto' or one of oneshot, twoshot, ring, tree; got {algo!r}")
         premul = type(redop) is PreMulSum
-        s = _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)
+        s = self._stream(stream, src, dst)
         # Eligibility, algorithm and launch in one crossing (CustomComm::run_all_reduce); a misaligned pointer, a
         # per-rank fact that would split the ranks between two backends, raises there instead of declining.
         reason = self.impl.run_all_reduce(src.ptr, dst.ptr, count, src.dtype,
@@ -285,7 +289,7 @@ class Custom(Backend):
         self._check_usable()
         if type(redop) is PreMulSum:
             raise InvalidArgument(f"compress={compress!r} reduces with op sum or avg only; got premul_sum")
-        s = _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)
+        s = self._stream(stream, src, dst)
         self.impl.compressed_all_reduce(src.ptr, dst.ptr, src.count, src.dtype, redop, compress, s)
         return self._enqueued(s, async_op, src.kind)
 

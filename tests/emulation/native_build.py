@@ -75,7 +75,7 @@ class Tree:
         if not self.src.exists():
             shutil.copytree(CSRC, self.src, ignore=shutil.ignore_patterns("python", "topo"))
 
-    ALL_KERNELS = "one_shot;two_shot;ring;tree"
+    ALL_KERNELS = "one_shot;two_shot;ring;tree;compressed"
 
     def build(self, targets=("vranks_harness",), defines: str = "", kernels: str = ALL_KERNELS,
               timeout: float = 1200.0) -> None:

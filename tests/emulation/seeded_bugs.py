@@ -123,13 +123,13 @@ MUTATIONS = (
              "mid-pack (an x86 CPU loads them anyway)"),
     # The suite's (path under the repository; args: the tests that must fail).
     Mutation("custom_drops_stream_dependency", "gpucoll/backends/custom.py",
-             "        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)",
-             "        s = _cuda_buffers.op_stream(self.device, None, src, dst if dst is not src else None)",
+             "        return _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)",
+             "        return _cuda_buffers.op_stream(self.ordinal, None, src, dst if dst is not src else None)",
              "suite", (_CUSTOM_STREAM_TEST,),
              "the custom kernels ignore stream=: they run before the caller's fill queued there"),
     Mutation("nccl_drops_stream_dependency", "gpucoll/backends/nccl.py",
-             "        s = _cuda_buffers.op_stream(self.device, stream, src, dst if dst is not src else None)",
-             "        s = _cuda_buffers.op_stream(self.device, None, src, dst if dst is not src else None)",
+             "        s = _cuda_buffers.op_stream(self.ordinal, stream, src, dst if dst is not src else None)",
+             "        s = _cuda_buffers.op_stream(self.ordinal, None, src, dst if dst is not src else None)",
              "suite", (_NCCL_STREAM_TEST,),
              "the nccl backend ignores stream=: NCCL runs before the caller's fill queued there"),
 )

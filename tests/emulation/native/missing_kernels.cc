@@ -28,4 +28,13 @@ GPUCOLL_MISSING(tree)
 
 #undef GPUCOLL_MISSING
 
+#ifdef GPUCOLL_MISSING_COMPRESSED
+cudaError_t launch_compressed(const AllReduceArgs&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t compressed_blocks_per_sm(DType, int* out) {
+  int device = 0;
+  cudaGetDevice(&device);
+  return cudaDeviceGetAttribute(out, cudaDevAttrMaxBlocksPerMultiprocessor, device);
+}
+#endif
+
 }  // namespace gpucoll::cuda::custom

@@ -175,10 +175,6 @@ cudaError_t with_kernel(DType dtype, F f) {
 
 }  // namespace
 
-size_t compressed_piece_elems(size_t half_bytes, Wire w) {
-  return half_bytes / (2 * static_cast<size_t>(wire_record_bytes(w))) * static_cast<size_t>(kQuantBlock);
-}
-
 cudaError_t launch_compressed(const AllReduceArgs& a, cudaStream_t stream) {
   if (!args_valid(a, false) || a.wire == Wire::kNone || a.threads != kThreads) return cudaErrorInvalidValue;
   if (a.op != RedOp::kSum && a.op != RedOp::kAvg) return cudaErrorInvalidValue;

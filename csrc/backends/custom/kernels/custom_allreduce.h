@@ -135,8 +135,11 @@ cudaError_t launch_tree(const AllReduceArgs& a, cudaStream_t stream);
 // compressed_piece_elems(half_bytes, wire), a whole number of quant blocks except the call's last piece; always
 // staged; kThreads threads.
 cudaError_t launch_compressed(const AllReduceArgs& a, cudaStream_t stream);
-size_t compressed_piece_elems(size_t half_bytes, Wire w);
 cudaError_t compressed_blocks_per_sm(DType dtype, int* out);
+// Elements of a compressed piece: whole quant blocks whose records (regions A and B) fill a staging half.
+inline size_t compressed_piece_elems(size_t half_bytes, Wire w) {
+  return half_bytes / (2 * static_cast<size_t>(wire_record_bytes(w))) * static_cast<size_t>(kQuantBlock);
+}
 
 // Resident blocks per SM of the kernel that would run (dtype, op) with kThreads threads, for the residency
 // limit of virtual ranks (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
