@@ -87,11 +87,7 @@ class Host(Backend):
         premul = None
         if redop is not None and type(redop) is not _C.RedOp:  # a premul_sum (the Communicator allows nothing else)
             premul, redop = float(redop.scalar), _C.RedOp.sum
-        if self._group is not None and self._group:
-            # Collectives keep their order relative to each other; queued p2p goes first so a group that
-            # mixes both sees its sends/recvs done before the collective, as NCCL's group would.
-            batch, self._group = self._group, []
-            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        self._flush_p2p()
         nbytes = count * src.itemsize * (self.world_size if coll in BLOCKED else 1)  # the selector counts it so
         name = self._select(coll, algo, nbytes)
         op = redop if redop is not None else _C.RedOp.sum
@@ -104,6 +100,13 @@ class Host(Backend):
         self.impl.run(name, coll, src.ptr, dst.ptr, count, src.dtype, op, root, self.local_size, premul, auto)
         return None
 
+    def _flush_p2p(self) -> None:
+        """Runs the sends and receives queued in an open group() before a collective of it: collectives keep their
+        order relative to each other, and a group that mixes both sees its sends/recvs done first, as NCCL's would."""
+        if self._group:
+            batch, self._group = self._group, []
+            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+
     def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
         """The two-shot schedule over block-encoded records (csrc/backends/host/compressed.cc); the C++ side checks the
         format's name, the dtype and the op after comparing the ranks' calls."""
@@ -114,9 +117,7 @@ class Host(Backend):
             premul, redop = float(redop.scalar), _C.RedOp.sum
         args = ("twoshot", ALL_REDUCE, src.ptr, dst.ptr, src.count, src.dtype, redop, 0, self.local_size, premul,
                 False, compress)
-        if self._group is not None and self._group:
-            batch, self._group = self._group, []
-            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        self._flush_p2p()
         if async_op and self._group is None:
             return self.impl.run_async((src.obj, dst.obj), *args)
         self.impl.run(*args)
@@ -173,9 +174,7 @@ class Host(Backend):
     def _fusion(self):
         """This communicator's HostCoalescer (its staging buffer), made on first use; queued sends and receives of an
         open group() run first, as before any collective of it."""
-        if self._group:
-            batch, self._group = self._group, []
-            self.impl.p2p([(send, peer, buf.ptr, buf.nbytes) for send, peer, buf in batch])
+        self._flush_p2p()
         fusion = getattr(self, "_coalescer", None)
         if fusion is None:
             fusion = self._coalescer = _C.HostCoalescer(_C.config_bytes("GPUCOLL_HOST_FUSION_BYTES"))

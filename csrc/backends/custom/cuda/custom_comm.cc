@@ -282,10 +282,32 @@ void CustomComm::register_pending_ipc(const std::vector<std::vector<ExportedRang
 
 int CustomComm::max_blocks_for(Algo algo, DType dtype, RedOp op) const {
   if (co_resident_ <= 1) return 0;
-  const int bps = cached_blocks_per_sm(algo, dtype, op, device_);
-  const int cap = gpucoll::custom::max_blocks_per_rank(co_resident_, sms_, bps);
-  if (cap < 1) gpucoll::custom::check_residency(co_resident_, 1, sms_, bps);
+  return residency_cap(cached_blocks_per_sm(algo, dtype, op, device_));
+}
+
+int CustomComm::residency_cap(int blocks_per_sm) const {
+  const int cap = gpucoll::custom::max_blocks_per_rank(co_resident_, sms_, blocks_per_sm);
+  if (cap < 1) gpucoll::custom::check_residency(co_resident_, 1, sms_, blocks_per_sm);
   return cap;
+}
+
+AllReduceArgs CustomComm::call_args(DType dtype, RedOp op, size_t count, int32_t algo, Wire wire) {
+  AllReduceArgs a;
+  a.dtype = dtype;
+  a.op = op;
+  a.wire = wire;
+  a.rank = rank_;
+  a.nranks = nranks_;
+  a.bufs = bufs_;
+  a.sigs = sigs_;
+  a.half_bytes = mem_->half_bytes();
+  a.timeout_ns = timeout_ns_;
+  // The whole call's count, not a piece's: ranks whose counts differ may agree on the first piece.
+  a.sig = algo::make_call_sig(seq_++, static_cast<int32_t>(algo::Coll::kAllReduce), static_cast<int32_t>(dtype),
+                              static_cast<int32_t>(op), -1, static_cast<int64_t>(count), algo, 0, false);
+  a.sig.wire = static_cast<uint8_t>(wire);
+  a.check = call_check_;
+  return a;
 }
 
 LaunchShape CustomComm::shape_for(Algo algo, size_t bytes, DType dtype, RedOp op) const {
@@ -360,20 +382,8 @@ size_t CustomComm::all_reduce(const void* in, void* out, size_t count, DType dty
       inputs = slot_ptr(p->second.slot);
     }
   }
-  AllReduceArgs a;
-  a.dtype = dtype;
-  a.op = op;
-  a.rank = rank_;
-  a.nranks = nranks_;
-  a.bufs = bufs_;
-  a.sigs = sigs_;
+  AllReduceArgs a = call_args(dtype, op, count, sig_algo(algo), Wire::kNone);
   a.inputs = inputs;
-  a.half_bytes = mem_->half_bytes();
-  a.timeout_ns = timeout_ns_;
-  // The whole call's count, not a piece's: ranks whose counts differ may agree on the first piece.
-  a.sig = algo::make_call_sig(seq_++, static_cast<int32_t>(algo::Coll::kAllReduce), static_cast<int32_t>(dtype),
-                              static_cast<int32_t>(op), -1, static_cast<int64_t>(count), sig_algo(algo), 0, false);
-  a.check = call_check_;
   // A piece enqueued alone (virtual ranks) is its own call to the recorder; the pieces after the first record nothing.
   const bool recorded = only_piece <= 0 && trace_->records() != nullptr;
   const uint64_t entry = recorded ? trace_->begin(a.sig, static_cast<int64_t>(bytes), stream_is_capturing(stream))
@@ -420,20 +430,7 @@ void CustomComm::compressed_all_reduce(const void* in, void* out, size_t count, 
   GPUCOLL_INTERNAL_CHECK(piece > 0);
   const size_t npieces = (count + piece - 1) / piece;
   DeviceGuard guard(device_);
-  AllReduceArgs a;
-  a.dtype = dtype;
-  a.op = op;
-  a.wire = wire;
-  a.rank = rank_;
-  a.nranks = nranks_;
-  a.bufs = bufs_;
-  a.sigs = sigs_;
-  a.half_bytes = mem_->half_bytes();
-  a.timeout_ns = timeout_ns_;
-  a.sig = algo::make_call_sig(seq_++, static_cast<int32_t>(algo::Coll::kAllReduce), static_cast<int32_t>(dtype),
-                              static_cast<int32_t>(op), -1, static_cast<int64_t>(count), -1, 0, false);
-  a.sig.wire = static_cast<uint8_t>(wire);
-  a.check = call_check_;
+  AllReduceArgs a = call_args(dtype, op, count, -1, wire);
   const bool recorded = trace_->records() != nullptr;
   const uint64_t entry = recorded ? trace_->begin(a.sig, static_cast<int64_t>(count * esize),
                                                   stream_is_capturing(stream))
@@ -445,8 +442,7 @@ void CustomComm::compressed_all_reduce(const void* in, void* out, size_t count, 
   if (co_resident_ > 1) {
     int bps = 0;
     GPUCOLL_CUDA_CHECK(compressed_blocks_per_sm(dtype, &bps));
-    cap = gpucoll::custom::max_blocks_per_rank(co_resident_, sms_, bps);
-    if (cap < 1) gpucoll::custom::check_residency(co_resident_, 1, sms_, bps);
+    cap = residency_cap(bps);
   }
   for (size_t i = 0; i < npieces; ++i) {
     const size_t off = i * piece;

@@ -131,6 +131,10 @@ class CustomComm {
     size_t bytes;
   };
   int max_blocks_for(Algo algo, DType dtype, RedOp op) const;
+  // The grid cap that keeps every co-resident rank's blocks resident at once (raises when not even one fits).
+  int residency_cap(int blocks_per_sm) const;
+  // A call's arguments common to every kernel: the communicator's tables and its signature (numbered here).
+  AllReduceArgs call_args(DType dtype, RedOp op, size_t count, int32_t algo, Wire wire);
   void alloc_table();
   int take_slot();
   void fill_slot(int slot, const PeerTable& t);
