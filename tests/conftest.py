@@ -16,7 +16,7 @@
   installed, such a skip means the extra or the environment lost a package and the tests it guards silently stopped
   running. Missing-package skips are recognised by their reason: tests skip through helpers.require /
   helpers.missing_reason (reason "missing package: ..."), and pytest.importorskip's own "could not import" counts
-  too.
+  too. So does a `netns` test's skip on a machine that cannot make network namespaces: CI can.
 * `--deadline EPOCH` skips every test that would start later, with a reason .ci/gpu counts as trimmed.
 * The `-r s` summary is folded by reason: one line per reason with its count, instead of pytest's one line per
   test location.
@@ -103,6 +103,8 @@ os.fork = _counting(os.fork)
 
 _IMPORTORSKIP = "could not import "  # the reason pytest.importorskip gives
 _OVER_BUDGET = "not started: past the time budget of this run"  # .ci/gpu counts these as trimmed
+# A machine that cannot make network namespaces skips the multi-node tests; CI can, so --require-deps fails them.
+_NO_NETNS = "cannot make network namespaces"
 
 
 def pytest_addoption(parser):
@@ -122,6 +124,11 @@ def pytest_runtest_setup(item):
     deadline = item.config.getoption("deadline")
     if deadline is not None and time.time() > deadline:
         pytest.skip(f"{_OVER_BUDGET} (--deadline)")
+    if item.get_closest_marker("netns") is not None:
+        from gpucoll.testing import cluster  # here: gpucoll must not be imported before the environment is set
+
+        if (why := cluster.unavailable()) is not None:
+            pytest.skip(f"{_NO_NETNS}: {why}")
 
 
 def _skip_reason(report) -> str:
@@ -131,7 +138,7 @@ def _skip_reason(report) -> str:
 
 
 def _missing_package(reason: str) -> bool:
-    return reason.startswith((MISSING, _IMPORTORSKIP))
+    return reason.startswith((MISSING, _IMPORTORSKIP, _NO_NETNS))
 
 
 def _missing_under_require_deps(report, config, gpu: bool) -> str | None:

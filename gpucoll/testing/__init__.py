@@ -29,6 +29,9 @@ For the benchmark (``gpucoll-bench all_reduce --backend custom``):
     with vr.graph_capture() as g: vr.all_reduce(...)      one CUDA graph for all ranks' streams; g.replay(n)
     vr.synchronize(); vr.streams (raw cudaStream_t ints); vr.launch_shape(algo, nbytes, dtype); vr.close()
 Buffers: anything ``gpucoll`` resolves (torch, CuPy, DLPack, ``__cuda_array_interface__``) on `device`.
+
+``gpucoll.testing.cluster``: several "nodes" on one Linux machine (network and hostname namespaces), for the code
+paths that only run across machines (``python -m gpucoll.testing.cluster --help``).
 """
 
 from __future__ import annotations
