@@ -210,9 +210,15 @@ def _fresh_store(store, base: str, new_rank: int, hosts: set, timeout: float):
     if not isinstance(root, TCPStore):
         return PrefixStore(store, f"{base}comm/")
     if new_rank == 0:
-        local = hosts <= {socket.gethostname()}
-        new = TCPStore("127.0.0.1" if local else "0.0.0.0", 0, is_server=True, timeout=timeout, rank=0, like=root)
-        address = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
+        if root.is_server and root.host not in ("", "0.0.0.0", "::"):
+            # This process serves the parent's store: listen where it does, which every member (and any process
+            # that could join the parent) reaches, and nowhere wider.
+            bind = address = root.host
+        else:
+            local = hosts <= {socket.gethostname()}
+            bind = "127.0.0.1" if local else "0.0.0.0"
+            address = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
+        new = TCPStore(bind, 0, is_server=True, timeout=timeout, rank=0, like=root)
         store.set_json(f"{base}store", [address, new.port])
         return new
     address, port = _poll_json(store, f"{base}store", timeout, "the new communicator's store address")

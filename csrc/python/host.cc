@@ -257,6 +257,7 @@ void bind_host(py::module_& m) {
           },
           py::arg("ops"))
       .def("abort", &HostComm::abort, py::arg("reason"), py::call_guard<py::gil_scoped_release>())
+      .def("abandon", &HostComm::abandon, py::call_guard<py::gil_scoped_release>())
       .def("close", &HostComm::close, py::call_guard<py::gil_scoped_release>())
       // Benchmarks and tests only (gpucoll-bench --compare unchecked): every rank between the same two calls.
       .def("_set_call_check", &HostComm::set_call_check, py::arg("on"))

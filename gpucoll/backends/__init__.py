@@ -4,7 +4,8 @@ A backend is a file of this package with a :class:`~gpucoll.backends.base.Backen
 implements) and one line in ``REGISTRY`` below:
 
 ==========  ============================================================================================
-host.py     CPU arrays of ranks on one machine, through shared memory (gpucoll's schedules)
+host.py     CPU arrays of ranks on one machine, through shared memory (gpucoll's schedules); on several
+            machines it builds host_nodes.py's HostNodes: shared memory inside each, gloo between them
 nccl.py     CUDA arrays, NCCL runs every call
 custom.py   CUDA arrays, gpucoll's own allreduce kernels over peer memory, NCCL for the rest
 ==========  ============================================================================================

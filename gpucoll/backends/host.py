@@ -1,5 +1,6 @@
 """The host backend: ranks on one machine reduce CPU arrays through a shared-memory region, running gpucoll's
-schedules (csrc/backends/host/, bound as ``gpucoll._C.HostComm``) on the calling thread.
+schedules (csrc/backends/host/, bound as ``gpucoll._C.HostComm``) on the calling thread. Ranks on several machines
+get host_nodes.py's HostNodes instead, which holds one of these per machine.
 
 Set-up (``Host.create``, every rank together): rank 0 creates the region and publishes its handle through the
 rendezvous store; the others attach to it. A call is checked here (CPU memory, no fp8, no stream), its schedule
@@ -19,6 +20,7 @@ import socket
 from gpucoll import _buffers
 from gpucoll._native import _C
 from gpucoll.backends.base import ALL_REDUCE, BLOCKED, FAST_OPS, Backend
+from gpucoll.backends.host_nodes import HostNodes
 from gpucoll.bootstrap._liveness import pid_exited
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, SystemError, Unsupported
 
@@ -39,8 +41,15 @@ class Host(Backend):
 
     @classmethod
     def create(cls, launch, store, *, timeout: float, local_size: int, device, chosen: bool = False):
-        return cls(_init_host(launch, store, timeout), rank=launch.rank, world_size=launch.world_size,
-                   local_size=local_size, chosen=chosen)
+        """This rank's host backend; where the ranks run on several machines, HostNodes (host_nodes.py), which holds
+        one of these per machine."""
+        made = _init_host(launch, store, timeout)
+        if isinstance(made, _Machines):
+            return HostNodes.create(launch, store, timeout=timeout, hosts=made.hosts, prefix=made.prefix,
+                                    make_local=lambda lo, st, t: cls(_init_host(lo, st, t), rank=lo.rank,
+                                                                     world_size=lo.world_size,
+                                                                     local_size=lo.world_size))
+        return cls(made, rank=launch.rank, world_size=launch.world_size, local_size=local_size, chosen=chosen)
 
     @property
     def device(self) -> str:
@@ -227,6 +236,19 @@ def stage(name: str) -> None:
         _STAGE_HOOK(name)
 
 
+def _parse_hosts(raw: bytes, world_size: int):
+    """Rank 0's list of every rank's machine, where it published one instead of a region handle; else None."""
+    try:
+        hosts = json.loads(raw.decode("utf-8")).get("hosts")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    if hosts is None:
+        return None
+    if not (isinstance(hosts, list) and len(hosts) == world_size and all(isinstance(h, str) and h for h in hosts)):
+        raise InvalidArgument(f"the rendezvous store holds a malformed list of the ranks' machines: {raw[:200]!r}")
+    return hosts
+
+
 def _parse_handle(raw: bytes):
     """The region handle rank 0 published, validated: it came over the network and becomes a /proc path."""
     try:
@@ -242,7 +264,15 @@ def _parse_handle(raw: bytes):
     return pid, fd, token[0], token[1]
 
 
+class _Machines:
+    """_init_host's answer where the ranks run on several machines: every rank's host name, by rank."""
+
+    def __init__(self, hosts: list, prefix: str):
+        self.hosts, self.prefix = hosts, prefix
+
+
 def _init_host(launch, store, timeout: float):
+    """The shared-memory communicator of this machine's ranks, or _Machines where they run on several."""
     host = socket.gethostname()
     # Several communicators may be built over one store (torch's, or repeated inits): each gets its own keys.
     generation = (store.add("gpucoll/host/count", 1) - 1) // launch.world_size
@@ -250,22 +280,23 @@ def _init_host(launch, store, timeout: float):
     store.set(f"{prefix}hostname/{launch.rank}", host.encode())
     stage("registered")
     if launch.rank == 0:
+        hosts = [host]
         for r in range(1, launch.world_size):
-            other = store.get(f"{prefix}hostname/{r}", timeout=timeout).decode()
+            hosts.append(store.get(f"{prefix}hostname/{r}", timeout=timeout).decode())
             if r == launch.world_size - 1:
                 stage("met")  # every rank has reached the store
-            if other != host:
-                store.set(f"{prefix}region", b"")
-                raise Unsupported(f"the host backend needs every rank on one machine; rank {r} runs on {other!r}, "
-                                  f"rank 0 on {host!r}")
+        if len(set(hosts)) > 1:
+            store.set(f"{prefix}region", json.dumps({"hosts": hosts}).encode())
+            return _Machines(hosts, prefix)
         impl = _C.HostComm(0, launch.world_size, float(timeout))
         stage("created")
         pid, fd, t0, t1 = impl.handle
         store.set(f"{prefix}region", json.dumps({"pid": pid, "fd": fd, "token": [t0, t1]}).encode())
     else:
         raw = store.get(f"{prefix}region", timeout=timeout)
-        if not raw:
-            raise Unsupported("the host backend needs every rank on one machine (rank 0 found ranks on other hosts)")
+        hosts = _parse_hosts(raw, launch.world_size)
+        if hosts is not None:
+            return _Machines(hosts, prefix)
         handle = _parse_handle(raw)
         try:
             impl = _C.HostComm(launch.rank, launch.world_size, float(timeout), handle)

@@ -76,6 +76,7 @@ class Server:
         self.address = self._lsock.getsockname()
         self._identity = host_identity()
         self._data: dict = {}
+        self._refused: dict = {}  # address -> connections refused for a wrong secret (_note_refused)
         self._conns: set = set()
         self._pending: dict = {}  # unauthenticated connections, oldest first (dicts keep insertion order)
         self._receiving: set = set()  # connections in the middle of a frame
@@ -324,6 +325,8 @@ class Server:
 
     def _drop(self, conn: Conn, why: str, kind: str, verdict: int | None = None) -> None:
         self._dropped[kind] = self._dropped.get(kind, 0) + 1
+        if kind == "auth" and isinstance(conn.peer, tuple):
+            self._note_refused(str(conn.peer[0]))
         message = f"rendezvous store: dropping {conn.peer}: {why}"
         if conn.authed:
             self._warn(message)  # a member's mistake: each one is worth seeing
@@ -398,6 +401,15 @@ class Server:
         for rank, why in self._lost.items():  # in the order they were lost: the first is the root cause
             out.i32(rank).str(why)
         return out.frame()
+
+    def _note_refused(self, address: str) -> None:
+        """Where connections without this job's secret came from, readable by members under REFUSED_KEY: a rank
+        that waits in vain for a key can then say that ranks on that machine were turned away (another secret: nodes
+        that do not share a home directory) instead of only that the key never came. A few addresses at most."""
+        seen = self._refused
+        if address in seen or len(seen) < 8:
+            seen[address] = seen.get(address, 0) + 1
+            self._data[w.REFUSED_KEY] = ",".join(f"{a}={n}" for a, n in seen.items()).encode()
 
     # -- commands -----------------------------------------------------------------------------------------------------
     def _dispatch(self, conn: Conn, payload: bytes) -> bytes | None:

@@ -28,6 +28,8 @@ MAGIC = b"GCS1"
 HELLO_MAGIC = b"GCS2"
 PROTOCOL_VERSION = 3  # 3: _OP_LOST
 NONCE_BYTES = MAC_BYTES = 32
+# The key under which the server lists where connections refused for a wrong secret came from (_server.py).
+REFUSED_KEY = "gpucoll/store/refused"
 HELLO_BYTES = len(HELLO_MAGIC) + 1 + NONCE_BYTES  # what the server sends first
 RESPONSE_BYTES = len(HELLO_MAGIC) + NONCE_BYTES + MAC_BYTES  # the client's answer
 AUTH_OK, AUTH_DENIED, AUTH_BUSY = 0, 1, 2  # first byte of the server's verdict

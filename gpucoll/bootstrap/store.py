@@ -297,7 +297,8 @@ class TCPStore:
                 lost = [(r.i32(), r.str()) for _ in range(r.u32())]
                 why = "; ".join(f"rank {rank} left the job: {reason}" for rank, reason in lost)
                 raise CollectiveTimeout(f"{why} (seen by the rendezvous store while this rank waited for "
-                                        f"{waiting_for or 'a key'})", ranks=tuple(rank for rank, _ in lost))
+                                        f"{waiting_for or 'a key'}){self._refused_note()}",
+                                        ranks=tuple(rank for rank, _ in lost))
         except _ProtocolError as e:
             raise RemoteError(f"malformed reply from the rendezvous store at {self.endpoint}: {e}") from None
         r.status = status
@@ -349,8 +350,20 @@ class TCPStore:
         r = self._request(_Writer().u8(_OP_GET).str(key).f64(t), t + _REPLY_GRACE, f"key {key!r}")
         if r.status == _ST_TIMEOUT:
             raise CollectiveTimeout(f"timed out after {t:g} s waiting for key {key!r} in the rendezvous store at "
-                                    f"{self.endpoint}")
+                                    f"{self.endpoint}{self._refused_note()}")
         return r.blob()
+
+    def _refused_note(self) -> str:
+        """What the server knows of connections it refused for a wrong secret (_server.py, _note_refused)."""
+        try:
+            if not self.check(w.REFUSED_KEY):
+                return ""
+            raw = self.get(w.REFUSED_KEY, timeout=1.0).decode()
+        except errors.GpucollError:
+            return ""
+        return (f"; meanwhile the store refused connections that did not hold this job's secret, from {raw} "
+                f"(address=count): the ranks there hold another secret (nodes that do not share a home directory "
+                f"make their own per-user secret file): {HOW_TO_SET_SECRET}")
 
     def add(self, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` to the counter ``key`` (created at 0) and return the new value."""

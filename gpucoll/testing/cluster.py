@@ -297,19 +297,20 @@ class Cluster:
 
     # -- processes ---------------------------------------------------------------------------------------------
 
-    def rank_env(self, rank: int, port: int = _PORT) -> dict:
-        """The launcher variables rank `rank` starts with."""
+    def rank_env(self, rank: int, port: int = _PORT, nodes: int | None = None) -> dict:
+        """The launcher variables rank `rank` starts with, in a job on the first `nodes` nodes (default: all)."""
         node, local = divmod(rank, self.ranks_per_node)
-        k, r = self.nodes, self.ranks_per_node
+        k, r = nodes or self.nodes, self.ranks_per_node
+        world = k * r
         if self.launcher == "torchrun":
-            return {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(local),
+            return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
                     "LOCAL_WORLD_SIZE": str(r), "GROUP_RANK": str(node), "MASTER_ADDR": self.master_addr,
                     "MASTER_PORT": str(port)}
         if self.launcher == "slurm":
-            return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(self.world_size), "SLURM_LOCALID": str(local),
+            return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_LOCALID": str(local),
                     "SLURM_NODEID": str(node), "SLURM_NNODES": str(k), "SLURM_TASKS_PER_NODE": f"{r}(x{k})",
-                    "SLURM_STEP_NODELIST": ",".join(self.hostnames), "MASTER_PORT": str(port)}
-        return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(self.world_size),
+                    "SLURM_STEP_NODELIST": ",".join(self.hostnames[:k]), "MASTER_PORT": str(port)}
+        return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
                 "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(r),
                 "OMPI_COMM_WORLD_NODE_RANK": str(node), "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port)}
 
@@ -330,17 +331,21 @@ class Cluster:
         return subprocess.Popen(cmd, env=full, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
-    def launch(self, argv, env: dict | None = None, rank_env=None, port: int = _PORT) -> Job:
-        """Start `argv` on every rank. `env` is added for all ranks; `rank_env(rank)`, when given, returns more
+    def launch(self, argv, env: dict | None = None, rank_env=None, port: int = _PORT, nodes: int | None = None) -> Job:
+        """Start `argv` on every rank, or on the ranks of the first `nodes` nodes (the others stay free, for a
+        process that joins later). `env` is added for all ranks; `rank_env(rank)`, when given, returns more
         variables for one rank (None for none)."""
+        if nodes is not None and not 1 <= nodes <= self.nodes:
+            raise ValueError(f"nodes must be in [1, {self.nodes}], got {nodes!r}")
         procs, logs = [], []
         with self._lock:
             n = len(self._jobs)
             try:
-                for rank in range(self.world_size):
+                for rank in range((nodes or self.nodes) * self.ranks_per_node):
                     out = os.path.join(self.workdir, f"job{n}.rank{rank}.out")
                     err = os.path.join(self.workdir, f"job{n}.rank{rank}.err")
-                    variables = {**self.rank_env(rank, port), **(env or {}), **((rank_env and rank_env(rank)) or {})}
+                    variables = {**self.rank_env(rank, port, nodes), **(env or {}),
+                                 **((rank_env and rank_env(rank)) or {})}
                     with open(out, "w") as fo, open(err, "w") as fe:
                         procs.append(self.spawn(self.node_of(rank), argv, variables, stdout=fo, stderr=fe))
                     logs.append((out, err))

@@ -4,8 +4,10 @@
   the backend it made for CPU tensors; this module recovers it from torch's calling frame. It relies on torch
   internals (checked on 2.11 and 2.13): where they differ, CPU tensors run on gpucoll's host backend (the same
   results on one machine), and the log says so at warning level, since that is not what the user asked for.
-* ``init_process_group("gpucoll")`` with ranks on several machines: the host backend works through shared memory,
-  on one machine; CPU tensors go to gloo instead, decided at the group's first CPU operation (machines).
+* ``init_process_group("gpucoll")`` with ranks on several machines: CPU tensors go to gloo, as with
+  ``cpu:gloo,cuda:gpucoll``, decided at the group's first CPU operation (machines). (gpucoll's host backend across
+  machines, backends/host_nodes.py, would run them on gloo between machines too, but not through the one-call
+  torch paths this package's host groups take.)
 """
 
 from __future__ import annotations
@@ -96,5 +98,4 @@ def log_gloo_across_machines(names: list) -> None:
     _logged_gloo = True
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     _log.info(f"gpucoll torch backend: the group's ranks run on {len(names)} machines ({shown}); CPU tensors go "
-              f"to gloo, as with init_process_group('cpu:gloo,cuda:gpucoll'): gpucoll's host backend works on one "
-              f"machine only")
+              f"to gloo, as with init_process_group('cpu:gloo,cuda:gpucoll')")

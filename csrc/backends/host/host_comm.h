@@ -139,6 +139,11 @@ class HostComm {
   // `reason` at its next look at its peers (within a wait slice, 20 ms), which breaks the communicator for them
   // too; queued ones raise it without starting. Any thread may call it; close() must follow. Never throws.
   void abort(const std::string& reason) noexcept;
+  // Marks this rank broken for its peers, as a failed collective does, while no operation of it runs: peers that
+  // wait on it, now or later, fail at once (RemoteError) instead of timing out. For a rank whose failure happened
+  // outside this communicator (HostNodes: a lost machine, seen on the network by the machine's first rank). The
+  // communicator is unusable afterwards.
+  void abandon() noexcept;
   // Runs the queued operations (close waits for them, as ncclCommDestroy does), then marks the communicator closed
   // (peers still waiting in a collective on this rank learn it); later calls raise InvalidUsage. Never throws.
   void close() noexcept;

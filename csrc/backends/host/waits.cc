@@ -270,6 +270,21 @@ void HostComm::wait_word(WaitWord* w, uint32_t target, int peer, uint32_t publis
   waiting.store(0, std::memory_order_release);
 }
 
+void HostComm::abandon() noexcept {
+  broken_ = true;
+  if (shm_.data() == nullptr) return;
+  Ctl* me = ctl(opt_.rank);
+  me->fail_code.store(static_cast<int32_t>(ErrorCode::kRemote), std::memory_order_relaxed);
+  me->fail_rank.store(-1, std::memory_order_relaxed);
+  me->fail_how.store(static_cast<int32_t>(Blame::kNone), std::memory_order_relaxed);
+  me->broken.store(1, std::memory_order_seq_cst);
+  futex_wake_all(&me->done.value);
+  for (int q = 0; q < opt_.nranks; ++q) {
+    futex_wake_all(&pair(opt_.rank, q)->sent.value);
+    futex_wake_all(&pair(q, opt_.rank)->acked.value);
+  }
+}
+
 void HostComm::fail(const char* what, const Error* cause) noexcept {
   broken_ = true;
   trace_.end(trace_id_, TraceState::kFailed, now_ns());
