@@ -56,21 +56,29 @@ class Evaluator:
                     continue
                 nodes = p.get("nodes", s.get("nodes", 1))
                 if (s["id"], nodes) not in topos:
-                    topos[(s["id"], nodes)] = P.topology_of(s, nodes)
-                topo, gpus = topos[(s["id"], nodes)]
-                self.items.append((s, p, topo, gpus, nodes))
+                    topo, gpus = P.topology_of(s, nodes)
+                    topos[(s["id"], nodes)] = topo, gpus, _C.topo_nccl_path(topo, len(gpus) // nodes, nodes, gpus)
+                self.items.append((s, p, nodes, *topos[(s["id"], nodes)]))
 
-    def rows(self, params: dict | None = None) -> list:
-        tuning = json.dumps({"nccl_model": params}) if params else ""
+    def rows(self, params: dict | None = None, evidence: list | None = None) -> list:
+        """One row per point: published and predicted busbw, the error, the path (kind, cc, local) and the
+        interval's half-width in log space ("spread"), from `evidence` when given, else the shipped one."""
+        doc = {}
+        if params:
+            doc["nccl_model"] = params
+        if evidence is not None:
+            doc["nccl_evidence"] = evidence
+        tuning = json.dumps(doc) if doc else ""
         out = []
-        for s, p, topo, gpus, nodes in self.items:
+        for s, p, nodes, topo, gpus, path in self.items:
             kw = {"nranks_per_node": len(gpus) // nodes, "nodes": nodes, "gpus": gpus, "tuning": tuning}
             cands = _C.topo_candidates(topo, "all_reduce", p["size"], "float32", custom=False, host=False, **kw)
             c = P._pick(cands, p.get("request", s.get("request", "nccl")), p.get("disable", ()))
             pred = c["busbw"] / 1e9 if c else float("nan")
+            spread = math.log(c["busbw_high"] / c["busbw"]) if c and "busbw_high" in c else 0.0
             out.append({"system": s["id"], "class": s["class"], "size": p["size"], "nodes": nodes,
-                        "busbw": p["busbw"], "pred": pred, "error": pred / p["busbw"] - 1,
-                        "kind": (c.get("confidence") or ":").split(":", 1)[1].split("(")[0].strip() if c else "",
+                        "busbw": p["busbw"], "pred": pred, "error": pred / p["busbw"] - 1, "kind": path["kind"],
+                        "cc": path["cc"], "local": path["local"], "spread": spread,
                         "algorithm": c["algorithm"] if c else "-", "protocol": c["protocol"] if c else "-"})
         return out
 
@@ -177,9 +185,84 @@ def format_loso(rows: list, doc: dict) -> str:
 
 def write_table(rows: list, path) -> None:
     """The rows as bench/published/loso_table.json keeps them: one per left-out point, rounded for diffs."""
-    keep = ("system", "class", "kind", "size", "nodes", "busbw", "pred", "error", "algorithm", "protocol")
+    keep = ("system", "class", "kind", "cc", "local", "size", "nodes", "busbw", "pred", "error", "algorithm",
+            "protocol")
     out = [{k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep} for r in rows]
     with open(path, "w") as f:
         f.write('{"format": "gpucoll-loso", "rows": [\n')
         f.write(",\n".join(json.dumps(r) for r in out))
         f.write("\n]}\n")
+
+
+def _weighted_quantile(values: list, weights: list, q: float) -> float:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    total, acc = sum(weights), 0.0
+    for i in order:
+        acc += weights[i]
+        if acc >= q * total:
+            return values[i]
+    return values[order[-1]]
+
+
+def evidence(rows: list, doc: dict, without: str = "") -> list:
+    """What the left-out predictions say per path kind (cost.h NcclEvidence), from the rows of every system but
+    `without`: the 90th percentile of |log(predicted / published)|, each system weighted as one, and the inputs
+    the kind's systems span. This is what nccl_evidence.inc holds (without nothing left out)."""
+    by_id = {s["id"]: s for s in doc["systems"]}
+    out = []
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = [r for r in rows if r["kind"] == kind and r["system"] != without]
+        if not mine:
+            continue
+        n = {}
+        for r in mine:
+            n[r["system"]] = n.get(r["system"], 0) + 1
+        errs = [abs(math.log(r["pred"] / r["busbw"])) for r in mine]
+        out.append({"kind": kind, "systems": len(n), "sources": len({source_of(by_id[i]) for i in n}),
+                    "half_width": round(max(0.03, _weighted_quantile(errs, [1 / n[r["system"]] for r in mine], 0.9)),
+                                        4),
+                    "ccs": sorted({r["cc"] for r in mine}), "min_local": min(r["local"] for r in mine),
+                    "max_local": max(r["local"] for r in mine), "max_nodes": max(r["nodes"] for r in mine),
+                    "min_bytes": min(r["size"] for r in mine), "max_bytes": max(r["size"] for r in mine)})
+    return out
+
+
+def coverage(rows: list, doc: dict) -> list:
+    """The intervals scored on left-out systems: each system's points get the interval built from every other
+    system's evidence (nested: the system never informs its own interval), around its left-out prediction.
+    Returns the rows with "spread" (log half-width) and "covered"."""
+    systems = {s["id"]: s for s in scored(doc)}
+    out = []
+    for sid in dict.fromkeys(r["system"] for r in rows):
+        mine = [r for r in rows if r["system"] == sid]
+        widths = Evaluator([systems[sid]]).rows(evidence=evidence(rows, doc, without=sid))
+        for r, w in zip(mine, widths):
+            assert (r["size"], r["nodes"]) == (w["size"], w["nodes"])
+            out.append({**r, "spread": w["spread"], "covered": abs(math.log(r["pred"] / r["busbw"])) <= w["spread"]})
+    return out
+
+
+def format_coverage(cov: list) -> str:
+    """Coverage (points and systems alike) and width, per path kind and overall."""
+    lines = [f"{'path kind':<10} {'points':>6} {'covered':>8} {'systems covered':>16} {'median +-':>10}"]
+    for kind in [*sorted({r['kind'] for r in cov}), "all"]:
+        mine = [r for r in cov if kind in ("all", r["kind"])]
+        ids = dict.fromkeys(r["system"] for r in mine)
+        per_sys = statistics.mean(statistics.mean(r["covered"] for r in mine if r["system"] == i) for i in ids)
+        width = statistics.median(math.exp(r["spread"]) - 1 for r in mine)
+        lines.append(f"{kind:<10} {len(mine):>6} {statistics.mean(r['covered'] for r in mine) * 100:>7.0f}% "
+                     f"{per_sys * 100:>15.0f}% {width * 100:>9.0f}%")
+    return "\n".join(lines)
+
+
+def evidence_inc(ev: list) -> str:
+    """csrc/select/nccl_evidence.inc's text: the shipped evidence as C++ initialisers."""
+    lines = ["// Written by bench/published/accuracy.py --write-table (bench/published/loso_table.json); do not edit.",
+             "// {kind, systems, sources, half_width (log), compute capabilities, min/max ranks per node, max nodes,",
+             "//  min/max bytes}"]
+    for e in ev:
+        ccs = ", ".join(str(c) for c in e["ccs"])
+        lines.append(f'{{"{e["kind"]}", {e["systems"]}, {e["sources"]}, {e["half_width"]}, {{{ccs}}}, '
+                     f'{e["min_local"]}, {e["max_local"]}, {e["max_nodes"]}, {int(e["min_bytes"])}.0, '
+                     f'{int(e["max_bytes"])}.0}},')
+    return "\n".join(lines) + "\n"

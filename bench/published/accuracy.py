@@ -6,8 +6,10 @@ the shipped model's error point by point.
 Leave-one-system-out (gpucoll/_loso.py): for each system of tests/fixtures/published/nccl_allreduce.json, the
 execution model's efficiencies are refitted on every other system and the left-out one is predicted; the table
 gives the median and worst |error| per class and per path kind, and says which classes have one source only
-(those cannot be validated this way). --write-table regenerates bench/published/loso_table.json, which
-tests/topo/test_loso.py checks against the dataset and csrc/select/nccl_model.cc's intervals are read from.
+(those cannot be validated this way). Then the intervals (csrc/select/nccl_interval.cc) scored the same way:
+how often a left-out point lies inside the interval built without its system, and how wide it is.
+--write-table regenerates bench/published/loso_table.json and, from it, csrc/select/nccl_evidence.inc (the
+intervals' evidence); tests/topo/test_loso.py checks both against the dataset.
 
 The point-by-point table below it is the shipped model ('calibrate' points are the ones its constants were
 fitted to, bench/published/fit_nccl_model.py); excluded points are listed with the reason they are not scored.
@@ -22,6 +24,7 @@ from gpucoll import _loso as L
 from gpucoll import _published as P
 
 TABLE = pathlib.Path(__file__).resolve().parent / "loso_table.json"
+EVIDENCE = pathlib.Path(__file__).resolve().parents[2] / "csrc" / "select" / "nccl_evidence.inc"
 
 
 def main(argv=None) -> int:
@@ -36,9 +39,12 @@ def main(argv=None) -> int:
     rows = L.loso(doc, args.iters)
     print("# leave-one-system-out: each system predicted by the model refitted on all the others")
     print(L.format_loso(rows, doc))
+    print("\n# intervals on left-out systems: each built from the other systems' evidence only")
+    print(L.format_coverage(L.coverage(rows, doc)))
     if args.write_table:
         L.write_table(rows, TABLE)
-        print(f"# wrote {TABLE}")
+        EVIDENCE.write_text(L.evidence_inc(L.evidence(rows, doc)))
+        print(f"# wrote {TABLE} and {EVIDENCE} (rebuild the C++ to ship it)")
     tuning = pathlib.Path(args.tuning).read_text() if args.tuning else ""
     shipped = P.evaluate(doc, tuning)
     print("\n# the shipped model (its constants fitted to the calibrate points)")

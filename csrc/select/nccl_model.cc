@@ -8,6 +8,7 @@
 
 #include "algo/registry.h"
 #include "core/error.h"
+#include "select/nccl_interval.h"
 #include "topo/links.h"
 
 namespace gpucoll::topo {
@@ -365,11 +366,26 @@ std::vector<std::string> nccl_param_names() {
   return v;
 }
 
+NcclPath nccl_path(const Topology& t, const Layout& lay) {
+  const Graph g = graph_of(t, lay, 0);
+  NcclPath p;
+  p.kind = g.N > 1 ? "net" : g.nvswitch ? "nvswitch" : g.nvlink ? "nvlink" : g.shm ? "shm" : "pcie_p2p";
+  p.cc = g.cc;
+  p.local = g.L;
+  p.nodes = g.N;
+  return p;
+}
+
 std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, algo::Coll coll, double nbytes,
                                        const std::string& dtype, int nccl_version, const Tuning& tuning) {
   std::vector<Candidate> out = plan(t, lay, coll, nbytes, dtype, nccl_version, tuning).out;
   const std::string sure = nccl_confidence(t, lay);
-  for (Candidate& c : out) c.confidence = sure;
+  std::string why;
+  const double spread = lay.nranks() > 1 ? nccl_spread(nccl_path(t, lay), nbytes, tuning, &why) : 0;
+  for (Candidate& c : out) {
+    c.confidence = sure;
+    if (c.usable) c.spread = spread, c.spread_why = why;
+  }
   // Sends and receives (all_to_all, gather, scatter): NCCL's P2P path, priced as the ring's Simple protocol would
   // move the same bytes: (P-1)/P of the message through each rank's link.
   if (coll == algo::Coll::kAllToAll || coll == algo::Coll::kGather || coll == algo::Coll::kScatter) {
@@ -381,6 +397,8 @@ std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, alg
     c.protocol = "Simple";
     c.link_class = g.N > 1 ? "NET" : g.nvlink ? "NVL" : g.shm ? "SHM" : "PCI";
     c.confidence = sure;
+    c.spread = spread;
+    c.spread_why = why;
     if (lay.nranks() < 2) {
       c.reason = "one rank: nothing to exchange";
     } else {

@@ -44,6 +44,10 @@ std::vector<std::pair<std::string, double>> nccl_param_values(const Tuning& tuni
 std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, algo::Coll coll, double nbytes,
                                        const std::string& dtype, int nccl_version, const Tuning& tuning);
 
+// The path the layout's NCCL calls take, as the intervals' evidence is kept (nccl_interval.h).
+struct NcclPath;
+NcclPath nccl_path(const Topology& t, const Layout& lay);
+
 // How sure the execution model is on this layout: "calibrated", "validated" or "extrapolated", with the class
 // of system and why (what makes it a class the published data did or did not cover).
 std::string nccl_confidence(const Topology& t, const Layout& lay);

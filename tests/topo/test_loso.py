@@ -77,3 +77,67 @@ def test_fit_weighs_systems_not_points(doc):
     n = sum(p["role"] != "excluded" for s in systems for p in s["points"])
     assert r.size == n + len(L.FITTED)
     assert len(L.classes(doc)) == len(P.CLASSES)
+
+
+# ---- intervals (csrc/select/nccl_interval.cc) -------------------------------------------------------------------
+
+def test_shipped_evidence_is_the_tables(doc, table):
+    inc = ROOT / "csrc" / "select" / "nccl_evidence.inc"
+    assert inc.read_text() == L.evidence_inc(L.evidence(table, doc)), \
+        "csrc/select/nccl_evidence.inc is stale: python bench/published/accuracy.py --write-table, then rebuild"
+
+
+def test_intervals_cover_left_out_systems(doc, table):
+    # Each system's interval is built without it (nested), around its left-out prediction.
+    cov = L.coverage(table, doc)
+    print("\n" + L.format_coverage(cov))
+    assert len(cov) == len(table)
+    assert sum(r["covered"] for r in cov) >= 0.8 * len(cov)
+    ids = dict.fromkeys(r["system"] for r in cov)
+    assert sum(all(r["covered"] for r in cov if r["system"] == i) for i in ids) >= 0.8 * len(ids)
+    # No wider than needed: a kind with validated evidence keeps its interval within a factor 1.5 at the sizes
+    # the dataset has.
+    for kind, v in L.table(table, doc, "kind").items():
+        if v["validated"] and kind != "net":
+            assert all(r["spread"] < 0.41 for r in cov if r["kind"] == kind), kind
+
+
+def test_interval_widens_beyond_the_evidence():
+    from gpucoll import topology as T
+
+    topo = T.load(str(ROOT / "tests" / "fixtures" / "topo" / "h100_8x_nvsmi.txt"))
+    topo.set_gpu_model("H100")
+
+    def pick(nbytes, **kw):
+        c = next(c for c in T.candidates(topo, "all_reduce", nbytes, custom=False, host=False, **kw)
+                 if c["nccl_auto"])
+        assert c["busbw_low"] < c["busbw"] < c["busbw_high"] and c["seconds_low"] < c["seconds"] < c["seconds_high"]
+        return c
+
+    big, small = pick(1 << 30), pick(4 << 10)
+    assert "nvswitch" in big["interval"] and "size outside" in small["interval"]
+    assert small["busbw_high"] / small["busbw"] > big["busbw_high"] / big["busbw"]
+    four = pick(1 << 30, nranks_per_node=4)  # the published NVSwitch systems all ran 8 GPUs
+    assert "4 ranks per node outside 8-8" in four["interval"]
+    ev = json.dumps({"nccl_evidence": []})  # no evidence at all: the unseen-kind width, said so
+    assert "no published nvswitch system" in pick(1 << 30, tuning=ev)["interval"]
+
+
+def test_topo_cli_and_explain_show_the_interval(capsys):
+    from gpucoll.cli import explain
+    from gpucoll.cli import topo as topo_cli
+
+    fix = str(ROOT / "tests" / "fixtures" / "topo" / "h100_8x_nvsmi.txt")
+    assert topo_cli.main(["--from-nvidia-smi", fix, "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 5 published nvswitch" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 GiB"))
+    lo, hi = row.split()[7].split("-")
+    assert float(lo) < float(row.split()[6]) < float(hi)
+    assert topo_cli.main(["--from-nvidia-smi", fix, "--gpu", "H100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["nccl_interval"] and any("busbw_high" in r for r in doc["rows"] if r["backend"] == "nccl")
+    assert explain.main(["explain", "all_reduce", "--nranks", "8", "--bytes", "64M", "--topology", fix,
+                         "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "# NCCL on this topology (1 node(s) x 8): nvls/Simple" in out and "interval" in out
