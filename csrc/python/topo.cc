@@ -142,6 +142,10 @@ void bind_topo(py::module_& m) {
         GPUCOLL_CHECK_ARG(gbps > 0, "NIC speed must be > 0 Gb/s, got ", gbps);
         for (auto& n : t.nics) n.speed_gbps = gbps;
       }, py::arg("gbps"), "Set every NIC's speed (Gb/s); nvidia-smi text carries none.")
+      .def("set_nic_transport", [](topo::Topology& t, const std::string& tr) {
+        GPUCOLL_CHECK_ARG(topo::valid_net_transport(tr), "NIC transport must be ib, efa, tcp or empty; got '", tr, "'");
+        for (auto& n : t.nics) n.transport = tr;
+      }, py::arg("transport"), "Set how NCCL reaches the network through every NIC: ib (verbs), efa or tcp.")
       .def("cpu_vendor", [](const topo::Topology& t, int host) { return t.hosts.at(static_cast<size_t>(host)).cpu_vendor; },
            py::arg("host") = 0)
       .def("gpu_name", [](const topo::Topology& t, int g) { return t.gpus.at(static_cast<size_t>(g)).name; })

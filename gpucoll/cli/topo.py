@@ -176,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
                    "H800, A100, 'GeForce RTX 4090': sets compute capability, NVLink/PCIe generation, GeForce")
     p.add_argument("--cpu-vendor", choices=["intel", "amd", "arm"], help="CPU vendor (NCCL's P2P rule depends on it)")
     p.add_argument("--nic-gbps", type=float, metavar="GBPS", help="speed of every NIC (nvidia-smi text has none)")
+    p.add_argument("--net-transport", choices=["ib", "efa", "tcp"], help="how NCCL reaches the network: ib (verbs: "
+                   "InfiniBand, RoCE; the default), efa (AWS), tcp (sockets, GCP GPUDirect-TCPX/TCPXO)")
     p.add_argument("--no-p2p", action="store_true", help="PCIe P2P unavailable between the GPUs (e.g. GeForce "
                    "boards; NVML tells when detecting, nvidia-smi topo -p2p r appended to the text does too)")
     p.add_argument("--nccl-version", default="", metavar="X.Y.Z", help="the NCCL the job loads (P2P rule changed "
@@ -209,6 +211,8 @@ def main(argv=None) -> int:
             topo.set_cpu_vendor(args.cpu_vendor)
         if args.nic_gbps:
             topo.set_nic_speed(args.nic_gbps)
+        if args.net_transport:
+            topo.set_nic_transport(args.net_transport)
         if args.no_p2p:
             for a in range(topo.num_gpus):
                 for b in range(a + 1, topo.num_gpus):

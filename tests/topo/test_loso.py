@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import statistics
 
 import pytest
 
@@ -22,7 +23,9 @@ TABLE = ROOT / "bench" / "published" / "loso_table.json"
 TARGET_MEDIAN, TARGET_WORST = 0.15, 0.50
 # Classes that miss the target today, each with why; the test fails when one meets it, so the list cannot go stale.
 KNOWN_MISSES = {
-    "pcie": "the only no-P2P system left out: nothing else informs the SHM transport's efficiency",
+    "pcie": "the only no-P2P system left out: its SHM efficiency falls back to the prior (NCCL's units over the "
+            "shared uplink), +46%",
+    "multinode": "AWS EFA (p4d) reaches 0.65 of its line rate at 1 GiB and less in between; nothing models why",
 }
 
 pytestmark = pytest.mark.usefixtures("no_selection_env")
@@ -95,11 +98,11 @@ def test_intervals_cover_left_out_systems(doc, table):
     assert sum(r["covered"] for r in cov) >= 0.8 * len(cov)
     ids = dict.fromkeys(r["system"] for r in cov)
     assert sum(all(r["covered"] for r in cov if r["system"] == i) for i in ids) >= 0.8 * len(ids)
-    # No wider than needed: a kind with validated evidence keeps its interval within a factor 1.5 at the sizes
-    # the dataset has.
+    # No wider than needed: where a kind has validated evidence, half its left-out points get an interval
+    # within a factor 1.5 (the rest are widened for inputs none of the other systems had).
     for kind, v in L.table(table, doc, "kind").items():
-        if v["validated"] and kind != "net":
-            assert all(r["spread"] < 0.41 for r in cov if r["kind"] == kind), kind
+        if v["validated"]:
+            assert statistics.median(r["spread"] for r in cov if r["kind"] == kind) < 0.41, kind
 
 
 def test_interval_widens_beyond_the_evidence():
@@ -117,8 +120,8 @@ def test_interval_widens_beyond_the_evidence():
     big, small = pick(1 << 30), pick(4 << 10)
     assert "nvswitch" in big["interval"] and "size outside" in small["interval"]
     assert small["busbw_high"] / small["busbw"] > big["busbw_high"] / big["busbw"]
-    four = pick(1 << 30, nranks_per_node=4)  # the published NVSwitch systems all ran 8 GPUs
-    assert "4 ranks per node outside 8-8" in four["interval"]
+    two = pick(1 << 30, nranks_per_node=2)  # the published NVSwitch systems ran 4 and 8 GPUs
+    assert "2 ranks per node outside 4-8" in two["interval"]
     ev = json.dumps({"nccl_evidence": []})  # no evidence at all: the unseen-kind width, said so
     assert "no published nvswitch system" in pick(1 << 30, tuning=ev)["interval"]
 
@@ -130,7 +133,7 @@ def test_topo_cli_and_explain_show_the_interval(capsys):
     fix = str(ROOT / "tests" / "fixtures" / "topo" / "h100_8x_nvsmi.txt")
     assert topo_cli.main(["--from-nvidia-smi", fix, "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
-    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 5 published nvswitch" in out
+    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 6 published nvswitch" in out
     row = next(line for line in out.splitlines() if line.strip().startswith("1 GiB"))
     lo, hi = row.split()[7].split("-")
     assert float(lo) < float(row.split()[6]) < float(hi)
