@@ -24,12 +24,12 @@ from gpucoll import _published as P
 from gpucoll._native import _C
 
 FITTED = ["t0_s", "eta_simple", "eta_ll128", "eta_ll", "step_simple_s", "eta_nvls", "step_nvls_s", "eta_shm",
-          "eta_net", "eta_nvls_tree"]
+          "eta_net", "eta_nvls_tree", "eta_efa"]
 # Why each prior: NCCL's tuner tables are in the units Simple achieves (eta 1); a kernel launch plus nccl-tests'
 # timing loop is a few microseconds; one pipeline step waits for a flag written by a peer over NVLink/PCIe, about a
 # microsecond either way (NCCL's own per-hop latencies in tuning.cc are 0.6-5.7 us).
 PRIOR = {"t0_s": 5e-6, "eta_simple": 1.0, "eta_ll128": 1.0, "eta_ll": 1.0, "step_simple_s": 2e-6, "eta_nvls": 1.0,
-         "step_nvls_s": 2e-6, "eta_shm": 1.0, "eta_net": 1.0, "eta_nvls_tree": 1.0}
+         "step_nvls_s": 2e-6, "eta_shm": 1.0, "eta_net": 1.0, "eta_nvls_tree": 1.0, "eta_efa": 1.0}
 PRIOR_SIGMA = 10.0  # in log space: weak; it decides only what the training systems leave open
 
 

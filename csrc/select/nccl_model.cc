@@ -57,7 +57,7 @@ constexpr int kRingChunkSteps = 4, kNvlsChannels = 16, kMaxChannels = 32;
 constexpr NcclParams kDefaults = {
     /*t0_s*/ 6.35e-6, /*eta_simple*/ 0.991, /*eta_ll128*/ 0.598, /*eta_ll*/ 0.714, /*step_simple_s*/ 2.36e-6,
     /*eta_nvls*/ 1.473, /*step_nvls_s*/ 8.07e-6, /*eta_shm*/ 0.690, /*eta_net*/ 0.944, /*eta_nvls_tree*/ 0.888,
-    /*net_latency_s*/ 0};
+    /*net_latency_s*/ 0, /*eta_efa*/ 1.0};
 
 struct ParamRef { const char* name; double NcclParams::*field; };
 constexpr ParamRef kParamRefs[] = {
@@ -65,7 +65,8 @@ constexpr ParamRef kParamRefs[] = {
     {"eta_ll", &NcclParams::eta_ll}, {"step_simple_s", &NcclParams::step_simple_s},
     {"eta_nvls", &NcclParams::eta_nvls}, {"step_nvls_s", &NcclParams::step_nvls_s},
     {"eta_shm", &NcclParams::eta_shm}, {"eta_net", &NcclParams::eta_net},
-    {"eta_nvls_tree", &NcclParams::eta_nvls_tree}, {"net_latency_s", &NcclParams::net_latency_s}};
+    {"eta_nvls_tree", &NcclParams::eta_nvls_tree}, {"net_latency_s", &NcclParams::net_latency_s},
+    {"eta_efa", &NcclParams::eta_efa}};
 
 int log2i(double x) { return x >= 1 ? static_cast<int>(std::floor(std::log2(x))) : -1; }
 
@@ -288,9 +289,12 @@ Timed execute(const Graph& g, algo::Coll coll, int a, int p, const Entry& e, dou
     // sends the message across only once each way, yet published two-node runs show no more than a ring's
     // figure (nccl#1221, nccl-tests#175). NVLS-tree moves the message once each way, twice for the interior
     // nodes of a tree over more than two nodes (NCCL 2.21.5 halves its network bandwidth there).
-    net_cap = a == kRing ? prm.eta_net * g.net * g.P / e.nsteps
-              : a == kTree ? prm.eta_net * g.net / (2.0 * (g.P - 1) / g.P)
-                           : prm.eta_net * g.net / (g.N > 2 ? 2 : 1);
+    // A transport's own efficiency is kept apart from eta_net, so that what one transport reaches does not move
+    // the others' (leave-one-system-out: EFA's misses pulled the verbs systems' predictions down).
+    const double eta = prm.eta_net * (g.net_transport == "efa" ? prm.eta_efa : 1.0);
+    net_cap = a == kRing ? eta * g.net * g.P / e.nsteps
+              : a == kTree ? eta * g.net / (2.0 * (g.P - 1) / g.P)
+                           : eta * g.net / (g.N > 2 ? 2 : 1);
     if (net_cap < bw) bw = net_cap, r.net_bound = true;
   }
   double lat = e.lat;
@@ -442,7 +446,8 @@ std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, alg
     if (lay.nranks() < 2) {
       c.reason = "one rank: nothing to exchange";
     } else {
-      double bw = (g.N > 1 ? std::min(g.intra, g.net * prm.eta_net) : g.intra) * prm.eta_simple;
+      const double eta = prm.eta_net * (g.net_transport == "efa" ? prm.eta_efa : 1.0);
+      double bw = (g.N > 1 ? std::min(g.intra, g.net * eta) : g.intra) * prm.eta_simple;
       if (g.shm) bw *= prm.eta_shm;
       c.usable = c.nccl_auto = true;
       c.steps = lay.nranks() - 1;

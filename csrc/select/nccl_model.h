@@ -34,6 +34,7 @@ struct NcclParams {
   double eta_net;        // achieved / NIC line rate
   double eta_nvls_tree;  // NVLS-tree's intra-node part / single-node NVLS
   double net_latency_s;  // added per inter-node step (NCCL's own table is in the latency already)
+  double eta_efa;        // what EFA reaches / what verbs reach on the same line rate (Nic::transport "efa")
 };
 NcclParams nccl_params(const Tuning& tuning);
 std::vector<std::string> nccl_param_names();
