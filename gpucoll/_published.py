@@ -46,6 +46,9 @@ def topology_of(system: dict, nodes: int):
     if spec.get("nic_gbps"):
         for n in d["nics"]:
             n["speed_gbps"] = spec["nic_gbps"]
+    if spec.get("net_transport"):
+        for n in d["nics"]:
+            n["transport"] = spec["net_transport"]
     topo = T.from_json(json.dumps(d))
     if nodes > 1:
         topo = T.replicate(topo, nodes)

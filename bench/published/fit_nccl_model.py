@@ -4,8 +4,8 @@
 
 Least squares on log(predicted / published busbw) over the points whose role is "calibrate" - validation points
 never enter the fit. Prints the fitted parameters (paste them into kDefaults) and the error table they give.
-Deterministic: Levenberg-Marquardt from the shipped defaults, numeric Jacobian, parameters in log space so they
-stay positive. net_latency_s is not fitted here (no published small-message multi-node point calibrates it);
+Deterministic: Levenberg-Marquardt from the shipped defaults (gpucoll/_loso.py's, parameters in log space so they
+stay positive). net_latency_s is not fitted here (no published small-message multi-node point calibrates it);
 gpucoll-tune fits it from a cluster's own gpucoll-bench runs.
 """
 
@@ -18,10 +18,10 @@ import math
 import numpy as np
 
 from gpucoll import _C
+from gpucoll import _loso as L
 from gpucoll import _published as P
 
-FITTED = ["t0_s", "eta_simple", "eta_ll128", "eta_ll", "step_simple_s", "eta_nvls", "step_nvls_s", "eta_shm",
-          "eta_net", "eta_nvls_tree"]
+FITTED = L.FITTED
 
 
 def residuals(doc: dict, params: dict) -> np.ndarray:
@@ -31,30 +31,7 @@ def residuals(doc: dict, params: dict) -> np.ndarray:
 
 
 def fit(doc: dict, iters: int = 60) -> dict:
-    base = dict(_C.topo_nccl_params(""))
-    x = np.log(np.array([base[k] for k in FITTED]))
-
-    def params(v):
-        return {**base, **{k: float(math.exp(e)) for k, e in zip(FITTED, v)}}
-
-    lam = 1e-2
-    r = residuals(doc, params(x))
-    for _ in range(iters):
-        J = np.empty((r.size, x.size))
-        for j in range(x.size):
-            d = np.zeros_like(x)
-            d[j] = 1e-4
-            J[:, j] = (residuals(doc, params(x + d)) - r) / 1e-4
-        g, H = J.T @ r, J.T @ J
-        step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-9), -g)
-        r_new = residuals(doc, params(x + step))
-        if r_new @ r_new < r @ r:
-            x, r, lam = x + step, r_new, lam / 3
-            if np.max(np.abs(step)) < 1e-6:
-                break
-        else:
-            lam *= 4
-    return params(x)
+    return L.levenberg_marquardt(lambda params: residuals(doc, params), dict(_C.topo_nccl_params("")), iters)
 
 
 def main(argv=None) -> int:

@@ -2,12 +2,14 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "algo/registry.h"
 #include "select/selector.h"
 #include "core/error.h"
 #include "python/bindings.h"
 #include "select/cost.h"
+#include "select/nccl_interval.h"
 #include "select/nccl_model.h"
 #include "topo/topology.h"
 
@@ -39,6 +41,14 @@ py::dict candidate_dict(const topo::Candidate& c) {
   d["tuner_seconds"] = c.tuner_seconds;
   d["nccl_auto"] = c.nccl_auto;
   d["confidence"] = c.confidence;
+  // The interval (nccl_interval.h): time and busbw e^(+-spread) around the prediction; absent when none.
+  if (c.spread > 0 && c.usable) {
+    d["seconds_low"] = c.seconds * std::exp(-c.spread);
+    d["seconds_high"] = c.seconds * std::exp(c.spread);
+    d["busbw_low"] = c.busbw * std::exp(-c.spread);
+    d["busbw_high"] = c.busbw * std::exp(c.spread);
+    d["interval"] = c.spread_why;
+  }
   return d;
 }
 
@@ -132,6 +142,10 @@ void bind_topo(py::module_& m) {
         GPUCOLL_CHECK_ARG(gbps > 0, "NIC speed must be > 0 Gb/s, got ", gbps);
         for (auto& n : t.nics) n.speed_gbps = gbps;
       }, py::arg("gbps"), "Set every NIC's speed (Gb/s); nvidia-smi text carries none.")
+      .def("set_nic_transport", [](topo::Topology& t, const std::string& tr) {
+        GPUCOLL_CHECK_ARG(topo::valid_net_transport(tr), "NIC transport must be ib, efa, tcp or empty; got '", tr, "'");
+        for (auto& n : t.nics) n.transport = tr;
+      }, py::arg("transport"), "Set how NCCL reaches the network through every NIC: ib (verbs), efa or tcp.")
       .def("cpu_vendor", [](const topo::Topology& t, int host) { return t.hosts.at(static_cast<size_t>(host)).cpu_vendor; },
            py::arg("host") = 0)
       .def("gpu_name", [](const topo::Topology& t, int g) { return t.gpus.at(static_cast<size_t>(g)).name; })
@@ -239,6 +253,19 @@ void bind_topo(py::module_& m) {
   m.def("topo_nccl_confidence", [](const topo::Topology& t, int per_node, int nodes) {
     return topo::nccl_confidence(t, topo::make_layout(t, per_node, nodes));
   }, py::arg("topology"), py::arg("nranks_per_node") = 0, py::arg("nodes") = 0);
+  m.def("topo_nccl_path", [](const topo::Topology& t, int per_node, int nodes, const std::vector<int>& gpus) {
+    CallArgs a;
+    a.per_node = per_node;
+    a.nodes = nodes;
+    a.gpus = gpus;
+    const topo::NcclPath p = topo::nccl_path(t, layout_arg(t, a));
+    py::dict d;
+    d["kind"] = p.kind;
+    d["cc"] = p.cc;
+    d["local"] = p.local;
+    d["nodes"] = p.nodes;
+    return d;
+  }, py::arg("topology"), py::arg("nranks_per_node") = 0, py::arg("nodes") = 0, py::arg("gpus") = std::vector<int>{});
   m.def("topo_busbw_factor", [](const std::string& coll, int n) { return topo::busbw_factor(coll_arg(coll), n); });
   m.def("topo_check_tuning", [](const std::string& text) { return topo::parse_tuning(text, "tuning").fits.size(); });
 }

@@ -356,6 +356,9 @@ std::vector<Candidate> candidates(const Topology& t, const Layout& lay, algo::Co
       if (model_terms("nccl", c.algorithm, coll, lay.nranks(), lay.local, &steps, &per_byte)) {
         c.seconds = steps * fit->second.a_s + per_byte * x.S * fit->second.b_s_per_byte;
         c.model = "tuned " + fit->first + " (" + fit->second.source + ")";
+        // Measured on this machine: what is left is run-to-run noise and the fit's own misfit, not extrapolation.
+        c.spread = std::log(1.1);
+        c.spread_why = "a gpucoll-tune fit of this machine: +-10%";
       }
     }
     if (c.usable) c.busbw = c.seconds > 0 ? x.S * busbw_factor(coll, lay.nranks()) / c.seconds : 0;

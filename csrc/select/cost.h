@@ -55,10 +55,24 @@ struct Fit {
   double b_s_per_byte = 0;
   std::string source;
 };
+// What the published data says about one kind of NCCL path (nccl_interval.h): how far leave-one-system-out
+// predictions of that kind missed, and the inputs its systems span.
+struct NcclEvidence {
+  std::string kind;          // nccl_interval.h's path kinds: nvswitch, nvlink, pcie_p2p, shm, net
+  int systems = 0, sources = 0;
+  double half_width = 0;     // log(published / predicted) that 90% of left-out points stay within
+  std::vector<int> ccs;      // compute capabilities (80, 90) of its systems
+  int min_local = 0, max_local = 0, max_nodes = 0;
+  double min_bytes = 0, max_bytes = 0;
+};
 struct Tuning {
   std::map<std::string, Fit> fits;  // key "backend:algorithm@CLASS", e.g. "custom:ring@NVL"
   // The NCCL execution model's parameters by name (nccl_model.h NcclParams), e.g. "net_latency_s", "eta_net".
   std::map<std::string, double> nccl_model;
+  // Replaces the shipped evidence (nccl_evidence.inc) when the file has "nccl_evidence"; bench/published uses
+  // it to score intervals built without the system they predict.
+  std::vector<NcclEvidence> nccl_evidence;
+  bool has_nccl_evidence = false;
   std::string path;
 };
 Tuning parse_tuning(const std::string& json_text, const std::string& what);
@@ -82,6 +96,10 @@ struct Candidate {
   double tuner_seconds = 0;
   bool nccl_auto = false;
   std::string confidence;  // how sure the model is: "calibrated: ...", "validated: ...", "extrapolated: ..."
+  // The interval around the prediction (NCCL candidates): the truth is expected within seconds * e^(+-spread),
+  // busbw alike; 0 when the model gives none. spread_why says what widened it.
+  double spread = 0;
+  std::string spread_why;
 };
 
 // Every candidate for the call, usable or not (with reasons), in a fixed order. The host candidate is the host

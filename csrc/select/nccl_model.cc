@@ -8,6 +8,7 @@
 
 #include "algo/registry.h"
 #include "core/error.h"
+#include "select/nccl_interval.h"
 #include "topo/links.h"
 
 namespace gpucoll::topo {
@@ -49,13 +50,14 @@ constexpr int kRingChunkSteps = 4, kNvlsChannels = 16, kMaxChannels = 32;
 // every other size of Azure ND A100 v4 (NCCL 2.18.5) and of 2x RTX 2080 Ti without P2P, and NVIDIA/nccl#1221
 // (2 and 4 nodes x 8 H100, 8x 400G RoCE, NCCL 2.19.3). What they mean: NCCL's NVLink/PCIe units are what Simple
 // achieves (0.99); LL128 reaches 0.6 and LL 0.71 of what NCCL's tuner credits them with; NVLS moves 1.47x the
-// GPU's NVLink rate in bus bandwidth (the switch reduces); host staging (SHM) gets 0.35 of the PCIe path;
+// GPU's NVLink rate in bus bandwidth (the switch reduces); host staging (SHM) gets 0.69 of its share of the PCIe
+// path (shm_ring_bw: the pair shares its switch's uplink, so half of 12 GB/s each way; 0.35 of the whole before);
 // NICs 0.94 of line rate; each Simple pipeline step costs 2.4 us and each NVLS step 8 us beyond its bytes;
 // nccl-tests' per-call overhead is 6.3 us.
 constexpr NcclParams kDefaults = {
     /*t0_s*/ 6.35e-6, /*eta_simple*/ 0.991, /*eta_ll128*/ 0.598, /*eta_ll*/ 0.714, /*step_simple_s*/ 2.36e-6,
-    /*eta_nvls*/ 1.473, /*step_nvls_s*/ 8.07e-6, /*eta_shm*/ 0.345, /*eta_net*/ 0.944, /*eta_nvls_tree*/ 0.888,
-    /*net_latency_s*/ 0};
+    /*eta_nvls*/ 1.473, /*step_nvls_s*/ 8.07e-6, /*eta_shm*/ 0.690, /*eta_net*/ 0.944, /*eta_nvls_tree*/ 0.888,
+    /*net_latency_s*/ 0, /*eta_efa*/ 1.0};
 
 struct ParamRef { const char* name; double NcclParams::*field; };
 constexpr ParamRef kParamRefs[] = {
@@ -63,7 +65,8 @@ constexpr ParamRef kParamRefs[] = {
     {"eta_ll", &NcclParams::eta_ll}, {"step_simple_s", &NcclParams::step_simple_s},
     {"eta_nvls", &NcclParams::eta_nvls}, {"step_nvls_s", &NcclParams::step_nvls_s},
     {"eta_shm", &NcclParams::eta_shm}, {"eta_net", &NcclParams::eta_net},
-    {"eta_nvls_tree", &NcclParams::eta_nvls_tree}, {"net_latency_s", &NcclParams::net_latency_s}};
+    {"eta_nvls_tree", &NcclParams::eta_nvls_tree}, {"net_latency_s", &NcclParams::net_latency_s},
+    {"eta_efa", &NcclParams::eta_efa}};
 
 int log2i(double x) { return x >= 1 ? static_cast<int>(std::floor(std::log2(x))) : -1; }
 
@@ -74,10 +77,40 @@ int log2i(double x) { return x >= 1 ? static_cast<int>(std::floor(std::log2(x)))
 struct Graph {
   int P = 1, N = 1, L = 1, arch = 0, cc = 0;
   bool nvlink = true, shm = false, nvswitch = false, ll128 = true;
+  // EFA: aws-ofi-nccl sets NCCL_PROTO=simple when it loads, unless the platform is known to order LL/LL128's
+  // flag and data writes (src/platform-aws.c, force_proto_simple: p3dn, p4d, p4de and any unlisted instance).
+  bool simple_only = false;
   double intra = 1e15, net = 0;  // bytes/s, NCCL units
   int nch = 2, nics = 0;
-  std::string cpu_vendor, shm_why, net_note;
+  std::string cpu_vendor, shm_why, net_note, net_transport;
 };
+
+// A ring whose hops go through host memory (NCCL's SHM transport, no P2P): each such hop is a write by the sender
+// into host memory and a read by the receiver from it, so its bytes climb the sender's PCIe path to the CPU and
+// descend the receiver's. GPUs behind one PCIe switch (PIX/PXB between them) share that switch's uplink, one
+// x16 link like theirs: every SHM hop leaving the group crosses it upwards and every hop entering it downwards,
+// and each hop gets its share. NCCL's graph search charges a path's bandwidth to every link on it the same way
+// (src/graph/search.cc), so this is what its tuner believes too. Two GPUs under one switch: half the link each
+// way. The P2P hops are left to nccl_hop's figure.
+double shm_ring_bw(const Topology& t, const std::vector<int>& ring, int nccl_version) {
+  const size_t n = ring.size();
+  auto group = [&](int a, int x) {  // x is a, or behind a's PCIe switch
+    const LinkClass c = t.link(a, x).cls;
+    return x == a || c == LinkClass::kPIX || c == LinkClass::kPXB;
+  };
+  std::vector<std::pair<int, int>> shm;
+  for (size_t i = 0; i < n; ++i) {
+    const int a = ring[i], b = ring[(i + 1) % n];
+    if (a != b && !nccl_hop(t, a, b, nccl_version).p2p) shm.emplace_back(a, b);
+  }
+  double bw = 1e300;
+  for (const auto& [a, b] : shm) {
+    int up = 0, down = 0;  // SHM hops through a's uplink upwards and through b's downwards
+    for (const auto& [x, y] : shm) up += group(a, x), down += group(b, y);
+    bw = std::min(bw, nccl_hop(t, a, b, nccl_version).bw / std::max({up, down, 1}));
+  }
+  return bw;
+}
 
 Graph graph_of(const Topology& t, const Layout& lay, int nccl_version) {
   Graph g;
@@ -107,6 +140,7 @@ Graph graph_of(const Topology& t, const Layout& lay, int nccl_version) {
       if (!h.p2p) g.shm = true, g.shm_why = h.why;
     }
     g.intra = slowest;
+    if (g.shm) g.intra = std::min(g.intra, shm_ring_bw(t, ring, nccl_version));
     if (g.nvlink) {
       for (int a : node0) {
         double sum = 0, sw = 0;
@@ -123,11 +157,15 @@ Graph graph_of(const Topology& t, const Layout& lay, int nccl_version) {
     g.nvswitch = false;
   }
   g.ll128 = g.nvlink && cc >= 70;
+  for (const Nic& n : t.nics) {
+    if (n.host == t.gpus[static_cast<size_t>(node0[0])].host && n.transport == "efa") g.simple_only = true;
+  }
   g.nch = std::max(2, std::min(kMaxChannels, 2 * static_cast<int>(std::ceil(std::min(g.intra, 1e13) / 20e9))));
   if (g.N > 1) {
     for (const Nic& n : t.nics) {
       if (n.host != t.gpus[static_cast<size_t>(node0[0])].host) continue;
       ++g.nics;
+      if (g.net_transport.empty()) g.net_transport = n.transport;
       // LL128 across nodes needs the GPU-NIC path within PXB, on Hopper within PXN (a NIC reached through a
       // peer GPU over NVLink; nvidia-smi shows such NICs as NODE); src/graph/tuning.cc.
       LinkClass best = LinkClass::kNET;
@@ -251,9 +289,12 @@ Timed execute(const Graph& g, algo::Coll coll, int a, int p, const Entry& e, dou
     // sends the message across only once each way, yet published two-node runs show no more than a ring's
     // figure (nccl#1221, nccl-tests#175). NVLS-tree moves the message once each way, twice for the interior
     // nodes of a tree over more than two nodes (NCCL 2.21.5 halves its network bandwidth there).
-    net_cap = a == kRing ? prm.eta_net * g.net * g.P / e.nsteps
-              : a == kTree ? prm.eta_net * g.net / (2.0 * (g.P - 1) / g.P)
-                           : prm.eta_net * g.net / (g.N > 2 ? 2 : 1);
+    // A transport's own efficiency is kept apart from eta_net, so that what one transport reaches does not move
+    // the others' (leave-one-system-out: EFA's misses pulled the verbs systems' predictions down).
+    const double eta = prm.eta_net * (g.net_transport == "efa" ? prm.eta_efa : 1.0);
+    net_cap = a == kRing ? eta * g.net * g.P / e.nsteps
+              : a == kTree ? eta * g.net / (2.0 * (g.P - 1) / g.P)
+                           : eta * g.net / (g.N > 2 ? 2 : 1);
     if (net_cap < bw) bw = net_cap, r.net_bound = true;
   }
   double lat = e.lat;
@@ -314,6 +355,7 @@ Plan plan(const Topology& t, const Layout& lay, algo::Coll coll, double S, const
       else if ((a == kNvls || a == kNvlsTree) && !nvls_why.empty()) c.reason = nvls_why;
       else if (a == kNvlsTree && !ar) c.reason = "NVLS-tree serves all_reduce only";
       else if (g.P < 2) c.reason = "one rank: nothing to exchange";
+      else if (g.simple_only && p != kSimple) c.reason = "aws-ofi-nccl sets NCCL_PROTO=simple on EFA hosts";
       else {
         e = tune(g, coll, a, p, prm);
         if (!e.on) c.reason = e.why;
@@ -365,11 +407,29 @@ std::vector<std::string> nccl_param_names() {
   return v;
 }
 
+NcclPath nccl_path(const Topology& t, const Layout& lay) {
+  const Graph g = graph_of(t, lay, 0);
+  NcclPath p;
+  // Across nodes the transport is its own kind: EFA and TCP differ from verbs in latency and in what reaches the
+  // wire, and the published verbs systems say nothing about them.
+  const std::string net = g.net_transport == "efa" || g.net_transport == "tcp" ? "net_" + g.net_transport : "net";
+  p.kind = g.N > 1 ? net : g.nvswitch ? "nvswitch" : g.nvlink ? "nvlink" : g.shm ? "shm" : "pcie_p2p";
+  p.cc = g.cc;
+  p.local = g.L;
+  p.nodes = g.N;
+  return p;
+}
+
 std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, algo::Coll coll, double nbytes,
                                        const std::string& dtype, int nccl_version, const Tuning& tuning) {
   std::vector<Candidate> out = plan(t, lay, coll, nbytes, dtype, nccl_version, tuning).out;
   const std::string sure = nccl_confidence(t, lay);
-  for (Candidate& c : out) c.confidence = sure;
+  std::string why;
+  const double spread = lay.nranks() > 1 ? nccl_spread(nccl_path(t, lay), nbytes, tuning, &why) : 0;
+  for (Candidate& c : out) {
+    c.confidence = sure;
+    if (c.usable) c.spread = spread, c.spread_why = why;
+  }
   // Sends and receives (all_to_all, gather, scatter): NCCL's P2P path, priced as the ring's Simple protocol would
   // move the same bytes: (P-1)/P of the message through each rank's link.
   if (coll == algo::Coll::kAllToAll || coll == algo::Coll::kGather || coll == algo::Coll::kScatter) {
@@ -381,10 +441,13 @@ std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, alg
     c.protocol = "Simple";
     c.link_class = g.N > 1 ? "NET" : g.nvlink ? "NVL" : g.shm ? "SHM" : "PCI";
     c.confidence = sure;
+    c.spread = spread;
+    c.spread_why = why;
     if (lay.nranks() < 2) {
       c.reason = "one rank: nothing to exchange";
     } else {
-      double bw = (g.N > 1 ? std::min(g.intra, g.net * prm.eta_net) : g.intra) * prm.eta_simple;
+      const double eta = prm.eta_net * (g.net_transport == "efa" ? prm.eta_efa : 1.0);
+      double bw = (g.N > 1 ? std::min(g.intra, g.net * eta) : g.intra) * prm.eta_simple;
       if (g.shm) bw *= prm.eta_shm;
       c.usable = c.nccl_auto = true;
       c.steps = lay.nranks() - 1;
@@ -427,12 +490,12 @@ std::string nccl_confidence(const Topology& t, const Layout& lay) {
   const char* arch = g.cc >= 100 ? "sm_100" : g.cc >= 90 ? "sm_90" : g.cc >= 80 ? "sm_80" : "sm_70";
   std::string status = "extrapolated", why;
   if (g.N > 1) {
-    const bool known_net = g.net_note.empty();
+    const bool known_net = g.net_note.empty() && g.net_transport != "efa" && g.net_transport != "tcp";
     status = g.cc >= 80 && g.cc < 100 && known_net ? "calibrated" : "extrapolated";
-    why = known_net ? "IB/RoCE, A100/H100 2-4 nodes" : g.net_note;
+    why = known_net ? "IB/RoCE, A100/H100 2-4 nodes" : !g.net_note.empty() ? g.net_note : g.net_transport + " transport";
   } else if (g.nvswitch) {
-    status = g.cc >= 80 && g.cc < 100 ? "calibrated" : "extrapolated";
-    why = "8x A100 / 8x H100-H200 published curves";
+    status = g.cc >= 80 && g.cc < 100 ? "calibrated" : g.cc >= 100 ? "validated" : "extrapolated";
+    why = "8x A100 / 8x H100-H200 / 4x GB200 published curves";
   } else if (g.nvlink) {
     status = g.cc >= 80 && g.cc < 100 && g.L == 2 ? "validated" : "extrapolated";
     why = "one published NVLink-bridge pair (2x A100 PCIe NV12)";

@@ -34,6 +34,7 @@ struct NcclParams {
   double eta_net;        // achieved / NIC line rate
   double eta_nvls_tree;  // NVLS-tree's intra-node part / single-node NVLS
   double net_latency_s;  // added per inter-node step (NCCL's own table is in the latency already)
+  double eta_efa;        // what EFA reaches / what verbs reach on the same line rate (Nic::transport "efa")
 };
 NcclParams nccl_params(const Tuning& tuning);
 std::vector<std::string> nccl_param_names();
@@ -43,6 +44,10 @@ std::vector<std::pair<std::string, double>> nccl_param_values(const Tuning& tuni
 // every candidate's `seconds` is the execution model's time, `tuner_seconds` NCCL's own estimate.
 std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, algo::Coll coll, double nbytes,
                                        const std::string& dtype, int nccl_version, const Tuning& tuning);
+
+// The path the layout's NCCL calls take, as the intervals' evidence is kept (nccl_interval.h).
+struct NcclPath;
+NcclPath nccl_path(const Topology& t, const Layout& lay);
 
 // How sure the execution model is on this layout: "calibrated", "validated" or "extrapolated", with the class
 // of system and why (what makes it a class the published data did or did not cover).

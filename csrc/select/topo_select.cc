@@ -115,7 +115,8 @@ Tuning parse_tuning(const std::string& text, const std::string& what) {
   Tuning t;
   t.path = what;
   const Json* fits_p = root.get("fits");
-  GPUCOLL_CHECK_ARG(fits_p != nullptr || root.get("nccl_model") != nullptr, what, ": expected \"fits\" or \"nccl_model\"");
+  GPUCOLL_CHECK_ARG(fits_p != nullptr || root.get("nccl_model") != nullptr || root.get("nccl_evidence") != nullptr,
+                    what, ": expected \"fits\", \"nccl_model\" or \"nccl_evidence\"");
   static const Json kNoFits = Json::object();
   const Json& fits = fits_p != nullptr ? *fits_p : kNoFits;
   for (const auto& kv : fits.items()) {
@@ -138,6 +139,26 @@ Tuning parse_tuning(const std::string& text, const std::string& what) {
       const double v = kv.second.as_number(w);
       GPUCOLL_CHECK_ARG(v >= 0 && std::isfinite(v), w, ": must be a finite number >= 0");
       t.nccl_model[kv.first] = v;
+    }
+  }
+  // Evidence for the NCCL model's intervals (cost.h NcclEvidence), one object per path kind.
+  if (const Json* ev = root.get("nccl_evidence")) {
+    t.has_nccl_evidence = true;
+    for (const Json& j : ev->as_array(what + ": nccl_evidence")) {
+      const std::string w = what + ": nccl_evidence[" + std::to_string(t.nccl_evidence.size()) + "]";
+      NcclEvidence e;
+      e.kind = j.at("kind", w).as_string(w + ".kind");
+      e.systems = static_cast<int>(j.at("systems", w).as_int(w + ".systems"));
+      e.sources = static_cast<int>(j.at("sources", w).as_int(w + ".sources"));
+      e.half_width = j.at("half_width", w).as_number(w + ".half_width");
+      for (const Json& c : j.at("ccs", w).as_array(w + ".ccs")) e.ccs.push_back(static_cast<int>(c.as_int(w + ".ccs")));
+      e.min_local = static_cast<int>(j.at("min_local", w).as_int(w + ".min_local"));
+      e.max_local = static_cast<int>(j.at("max_local", w).as_int(w + ".max_local"));
+      e.max_nodes = static_cast<int>(j.at("max_nodes", w).as_int(w + ".max_nodes"));
+      e.min_bytes = j.at("min_bytes", w).as_number(w + ".min_bytes");
+      e.max_bytes = j.at("max_bytes", w).as_number(w + ".max_bytes");
+      GPUCOLL_CHECK_ARG(e.half_width >= 0 && std::isfinite(e.half_width), w, ": half_width must be finite, >= 0");
+      t.nccl_evidence.push_back(e);
     }
   }
   return t;

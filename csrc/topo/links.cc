@@ -84,7 +84,9 @@ bool p2p_usable(const Topology& t, int a, int b, std::string* why) {
 double nccl_nvlink_bw(const Gpu& g) {
   const int cc = g.cc_major * 10 + g.cc_minor;
   if (cc == 0) return nvlink_gen_of(g) >= 4 ? 20.6e9 : 20e9;  // unknown compute capability: by NVLink generation
-  return (cc >= 90 ? 20.6 : cc == 86 ? 12.0 : cc >= 70 ? 20.0 : 18.0) * 1e9;
+  // src/graph/topo.h SM*_NVLINK_BW; Blackwell's (SM100_NVLINK_BW 40.1, NVLink 5 at twice the lane rate) came after
+  // the 2.21.5 tables the tuner follows, with the GPUs that need it.
+  return (cc >= 100 ? 40.1 : cc >= 90 ? 20.6 : cc == 86 ? 12.0 : cc >= 70 ? 20.0 : 18.0) * 1e9;
 }
 
 double nccl_pcie_bw(const Gpu& g) {

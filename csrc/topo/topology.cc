@@ -67,9 +67,11 @@ bool Gpu::operator==(const Gpu& o) const {
          cc_major == o.cc_major && cc_minor == o.cc_minor && nvlink_gen == o.nvlink_gen && pcie_gen == o.pcie_gen &&
          pcie_width == o.pcie_width && cpu_affinity == o.cpu_affinity;
 }
+bool valid_net_transport(const std::string& t) { return t.empty() || t == "ib" || t == "efa" || t == "tcp"; }
+
 bool Nic::operator==(const Nic& o) const {
   return name == o.name && host == o.host && bus_id == o.bus_id && numa_node == o.numa_node &&
-         speed_gbps == o.speed_gbps && gpu_paths == o.gpu_paths;
+         speed_gbps == o.speed_gbps && gpu_paths == o.gpu_paths && transport == o.transport;
 }
 
 size_t Topology::slot(int a, int b) const {
@@ -170,6 +172,7 @@ std::string Topology::to_json() const {
     Json paths = Json::array();
     for (LinkClass c : n.gpu_paths) paths.push(Json::string(link_class_name(c)));
     j.set("gpu_paths", paths);
+    if (!n.transport.empty()) j.set("transport", Json::string(n.transport));  // absent: unknown, as before it existed
   }
   root.set("nics", ns);
   Json notes_j = Json::array();
@@ -269,6 +272,11 @@ Topology Topology::from_json(const std::string& text) {
       n.bus_id = get_str(j, "bus_id", w);
       n.numa_node = get_int(j, "numa_node", -1, w);
       if (const Json* s = j.get("speed_gbps")) n.speed_gbps = s->as_number(w + ".speed_gbps");
+      if (const Json* tr = j.get("transport")) {
+        n.transport = tr->as_string(w + ".transport");
+        GPUCOLL_CHECK_ARG(valid_net_transport(n.transport), w, ".transport must be ib, efa, tcp or empty; got '",
+                          n.transport, "'");
+      }
       if (const Json* ps = j.get("gpu_paths")) {
         for (const Json& p : ps->as_array(w + ".gpu_paths")) {
           LinkClass c;

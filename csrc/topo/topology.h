@@ -66,8 +66,15 @@ struct Nic {
   int numa_node = -1;
   double speed_gbps = 0;             // 0: unknown
   std::vector<LinkClass> gpu_paths;  // class of the path to each GPU of its host, by GPU index
+  // How NCCL reaches the network through it: "ib" (verbs: InfiniBand, RoCE), "efa" (AWS, libfabric through
+  // aws-ofi-nccl), "tcp" (sockets, or GCP's GPUDirect-TCPX/TCPXO plugins); "" unknown (taken as verbs). Nothing
+  // on a machine says it in a form the importers read: the user does (gpucoll-topo --net-transport).
+  std::string transport;
   bool operator==(const Nic& o) const;
 };
+
+// "ib", "efa", "tcp" or "" (Nic::transport).
+bool valid_net_transport(const std::string& t);
 
 struct Host {
   std::string name;

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from gpucoll import _C, config
+from gpucoll import _C, config, topology
 from gpucoll._help import HelpFormatter, reader_may_leave
 from gpucoll.bench.colls import canonical, names
 from gpucoll.errors import GpucollError, InvalidArgument
@@ -59,8 +59,9 @@ def tuning_fits() -> tuple[str, dict]:
 
 
 def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: int = 0, steps: bool = False,
-            out=None) -> dict:
-    """Print (and return as a dict) the comparison of every algorithm for one call (to stdout by default)."""
+            out=None, topo=None) -> dict:
+    """Print (and return as a dict) the comparison of every algorithm for one call (to stdout by default). With
+    `topo` (a gpucoll topology), NCCL's pick on it is priced too, with the NCCL model's interval."""
     out = sys.stdout if out is None else out
     name = canonical(coll)
     if name not in COLLS and name in names():
@@ -131,12 +132,33 @@ def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: i
               f"prices the algorithms by the host cost model in the header, never by GPUCOLL_TUNING_FILE (the "
               f"file's fits price the choice between backends, as gpucoll-topo shows). To run {cheapest} on the "
               f"host backend, pass algo=\"{cheapest}\".", file=out)
+    nccl = _nccl_on(topo, coll, nranks, nbytes, local_size, out) if topo is not None else None
     if steps:
         for algo, row in rows.items():
             if row.get("usable"):
                 _print_steps(algo, cid, nranks, root, local_size, out)
     return {"collective": coll, "nranks": nranks, "bytes": nbytes, "auto": chosen, "algorithms": rows,
-            "tuning_file": path}
+            "tuning_file": path, "nccl": nccl}
+
+
+def _nccl_on(topo, coll: str, nranks: int, nbytes: int, local_size: int, out) -> dict | None:
+    """NCCL's own pick for the call on the topology (gpucoll's NCCL model), with its interval: how far the model
+    missed on published machines it had not seen, widened where this one lies beyond them."""
+    local = local_size or nranks
+    nodes = max(1, nranks // local)
+    if nodes > 1 and topo.num_hosts == 1:  # one host's wiring stands for every node, as in gpucoll-topo --nodes
+        topo = topology.replicate(topo, nodes)
+    cands = topology.candidates(topo, coll, nbytes, "float32", local, nodes, custom=False, host=False)
+    pick = next((c for c in cands if c["nccl_auto"]), None)
+    if pick is None:
+        print(f"# NCCL on this topology: no candidate ({'; '.join(c['reason'] for c in cands if c['reason'])})",
+              file=out)
+        return None
+    rng = (f" (interval {pick['seconds_low'] * 1e6:.1f}-{pick['seconds_high'] * 1e6:.1f} us: {pick['interval']})"
+           if "seconds_high" in pick else "")
+    print(f"# NCCL on this topology ({nodes} node(s) x {local}): {pick['algorithm']}/{pick['protocol']} "
+          f"{pick['seconds'] * 1e6:.1f} us, busbw {pick['busbw'] / 1e9:.1f} GB/s{rng}", file=out)
+    return pick
 
 
 def _quality(fit: dict) -> str:
@@ -192,6 +214,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--local-size", type=int, default=0, help="ranks per node, for hierarchical (0: one node)")
     p.add_argument("--root", type=int, default=0, help="root rank of broadcast, reduce, gather and scatter")
     p.add_argument("--steps", action="store_true", help="print every algorithm's step-by-step schedule")
+    p.add_argument("--topology", metavar="FILE", help="also price NCCL's pick on this wiring (nvidia-smi topo -m "
+                   "text, NCCL_TOPO_DUMP_FILE XML or gpucoll JSON), with the NCCL model's interval")
+    p.add_argument("--gpu", metavar="MODEL", help="with --topology: the GPU model, as gpucoll-topo --gpu takes it")
     return parser
 
 
@@ -207,7 +232,16 @@ def main(argv=None) -> int:
             parser.error(f"--root must be in [0, {args.nranks}), got {args.root}")
         if args.local_size < 0:
             parser.error(f"--local-size must be >= 0 (0: one node), got {args.local_size}")
-        explain(args.collective, args.nranks, nbytes, local_size=args.local_size, root=args.root, steps=args.steps)
+        topo = None
+        if args.topology:
+            try:
+                topo = topology.load(args.topology)
+            except OSError as exc:  # only here: a closed stdout raises OSError too, and reader_may_leave ends it
+                parser.error(f"--topology: {exc}")
+            if args.gpu:
+                topo.set_gpu_model(args.gpu)
+        explain(args.collective, args.nranks, nbytes, local_size=args.local_size, root=args.root, steps=args.steps,
+                topo=topo)
         sys.stdout.flush()
     except GpucollError as exc:
         print(f"error: {exc}", file=sys.stderr)

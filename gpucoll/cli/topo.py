@@ -90,6 +90,12 @@ def report(topo, coll: str = "all_reduce", dtype: str = "float32", nranks_per_no
         doc["rows"].append({**choice, "size": s})
     # How sure the NCCL model is on this layout (nccl_model.cc: the published classes it was calibrated on).
     doc["nccl_confidence"] = topology._C.topo_nccl_confidence(topo, nranks_per_node, nodes)
+    # How wide the NCCL model's interval is here and why (nccl_interval.cc), for NCCL's own pick at 1 GiB; rows
+    # of a smaller size may be wider (no published point below 1 MiB).
+    pick = [c for c in topology.candidates(topo, coll, 1 << 30, dtype, nranks_per_node, nodes, custom=False,
+                                           host=False, tuning=tuning, nccl_version=nccl_version)
+            if c["nccl_auto"] and c.get("interval")]
+    doc["nccl_interval"] = pick[0]["interval"] if pick else ""
     return doc
 
 
@@ -134,15 +140,21 @@ def print_report(doc: dict, out=None) -> None:
     print(f"# custom kernels modelled: {', '.join(doc['custom_algorithms']) or 'all'}; NCCL picks its own "
           f"algorithm (the column is the model's guess)", file=out)
     print(f"# NCCL model here: {doc['nccl_confidence']}", file=out)
-    print(f"{'size':>10}  {'backend':<12} {'algorithm':<14} {'proto':<7} {'time (us)':>11} {'busbw (GB/s)':>13}  "
-          f"{'sure':<12} model", file=out)
+    if doc.get("nccl_interval"):
+        print(f"# NCCL model's interval at 1 GiB: {doc['nccl_interval']}", file=out)
+    print(f"{'size':>10}  {'backend':<12} {'algorithm':<14} {'proto':<7} {'time (us)':>11} {'busbw (GB/s)':>13} "
+          f"{'busbw range':>15}  {'sure':<12} model", file=out)
     for r in doc["rows"]:
         sure = (r.get("confidence") or "-").split(":", 1)[0]
+        rng = f"{r['busbw_low'] / 1e9:.3g}-{r['busbw_high'] / 1e9:.3g}" if "busbw_high" in r else "-"
         print(f"{_size(r['size']):>10}  {r['backend']:<12} {r['algorithm']:<14} {r['protocol'] or '-':<7} "
-              f"{r['seconds'] * 1e6:>11.1f} {r['busbw'] / 1e9:>13.1f}  {sure:<12} {r['model']}", file=out)
+              f"{r['seconds'] * 1e6:>11.1f} {r['busbw'] / 1e9:>13.1f} {rng:>15}  {sure:<12} {r['model']}", file=out)
     print("# sure: calibrated = a system class the NCCL model was fitted to; validated = checked against published "
           "points it was not fitted to; extrapolated = no published point of this class; estimate = gpucoll's own "
           "kernels, not yet measured; tuned = a gpucoll-tune fit", file=out)
+    print("# busbw range: where the published value of a machine the model never saw fell 80-90% of the time "
+          "(leave-one-system-out; bench/published/accuracy.py), widened for inputs beyond the published systems",
+          file=out)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -164,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
                    "H800, A100, 'GeForce RTX 4090': sets compute capability, NVLink/PCIe generation, GeForce")
     p.add_argument("--cpu-vendor", choices=["intel", "amd", "arm"], help="CPU vendor (NCCL's P2P rule depends on it)")
     p.add_argument("--nic-gbps", type=float, metavar="GBPS", help="speed of every NIC (nvidia-smi text has none)")
+    p.add_argument("--net-transport", choices=["ib", "efa", "tcp"], help="how NCCL reaches the network: ib (verbs: "
+                   "InfiniBand, RoCE; the default), efa (AWS), tcp (sockets, GCP GPUDirect-TCPX/TCPXO)")
     p.add_argument("--no-p2p", action="store_true", help="PCIe P2P unavailable between the GPUs (e.g. GeForce "
                    "boards; NVML tells when detecting, nvidia-smi topo -p2p r appended to the text does too)")
     p.add_argument("--nccl-version", default="", metavar="X.Y.Z", help="the NCCL the job loads (P2P rule changed "
@@ -197,6 +211,8 @@ def main(argv=None) -> int:
             topo.set_cpu_vendor(args.cpu_vendor)
         if args.nic_gbps:
             topo.set_nic_speed(args.nic_gbps)
+        if args.net_transport:
+            topo.set_nic_transport(args.net_transport)
         if args.no_p2p:
             for a in range(topo.num_gpus):
                 for b in range(a + 1, topo.num_gpus):
