@@ -214,10 +214,12 @@ def _fresh_store(store, base: str, new_rank: int, hosts: set, timeout: float):
             # This process serves the parent's store: listen where it does, which every member (and any process
             # that could join the parent) reaches, and nowhere wider.
             bind = address = root.host
+        elif hosts <= {socket.gethostname()}:
+            bind = address = "127.0.0.1"
         else:
-            local = hosts <= {socket.gethostname()}
-            bind = "127.0.0.1" if local else "0.0.0.0"
-            address = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
+            # The members on other machines reach the parent's store; this process reaches it from this address,
+            # on the same network: listen there, not on every interface.
+            bind = address = root.local_address()
         new = TCPStore(bind, 0, is_server=True, timeout=timeout, rank=0, like=root)
         store.set_json(f"{base}store", [address, new.port])
         return new

@@ -397,6 +397,11 @@ class HostNodes(Backend):
     def barrier(self) -> None:
         self._gloo("barrier", self.world.barrier())
 
+    def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
+        raise Unsupported(f"all_reduce(compress={compress!r}) runs on the host backend of one machine and on "
+                          f"gpucoll's kernels; across machines the host backend moves data through gloo, which has "
+                          f"no compressed format")
+
     # The straggler window and the flight recorder are the machine's host communicator's: they number its ranks and
     # its calls, not the job's, and see nothing of the network. Rather than report them as the job's, this backend
     # has neither (the base class's Unsupported, which the failure path skips).

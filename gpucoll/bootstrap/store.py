@@ -161,6 +161,17 @@ class TCPStore:
             return socket.gethostbyname(socket.gethostname())
         return self.host
 
+    def local_address(self) -> str:
+        """This process's address on the network that reaches the store (the server's own listening address, or
+        the local end of a client's connection): where a store this process serves for the same members should
+        listen, reachable by them and nowhere wider."""
+        if self._server is not None:
+            return self.reachable_address()
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+            return self._sock.getsockname()[0]
+
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"

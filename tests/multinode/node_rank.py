@@ -91,6 +91,27 @@ def host(comm) -> dict:
             "algorithm": comm._ops.algorithm_for(0, 4096, "float32", "auto")}
 
 
+def split(comm) -> dict:
+    """Communicators made from one across nodes: by local rank (one rank per node: every member on another
+    machine), by node (one machine each: the host backend of one machine), and a subgroup of two nodes."""
+    r, n = comm.rank, comm.world_size
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    fails, kinds = [], {}
+    for name, color in (("by_local_rank", r % per_node), ("by_node", r // per_node)):
+        child = comm.split(color)
+        members = [q for q in range(n) if (q % per_node if name == "by_local_rank" else q // per_node) == color]
+        fails += helpers.every_collective(child, members, name)
+        kinds[name] = type(child._ops).__name__
+        child.close()
+    pair = [q for q in range(n) if q // per_node in (0, n // per_node - 1)]
+    child = comm.subgroup(pair)
+    if child is not None:
+        fails += helpers.every_collective(child, pair, "subgroup")
+        kinds["subgroup"] = type(child._ops).__name__
+        child.close()
+    return {"fails": fails, "kinds": kinds}
+
+
 def topology(comm) -> dict:
     from gpucoll import topology as topo
 
@@ -191,7 +212,7 @@ def no_torch(_comm) -> dict:
     raise AssertionError("not reached: init raises")
 
 
-MODES = {"host": host, "topology": topology, "torch": torch_cpu, "no_torch": no_torch, "elastic": elastic}
+MODES = {"host": host, "split": split, "topology": topology, "torch": torch_cpu, "no_torch": no_torch, "elastic": elastic}
 
 
 def main() -> None:

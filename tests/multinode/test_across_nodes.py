@@ -50,6 +50,16 @@ def test_every_collective_is_exact_across_nodes_on_the_host_backend(nodes, per_n
     assert reports[0]["bound"] == [c.addresses[0], 29500]
 
 
+def test_communicators_split_across_nodes_meet_and_are_exact():
+    with Cluster(3, 2) as c:
+        reports = _run(c, "split", env=_secret())
+    for rep in reports:
+        assert "error" not in rep, rep.get("trace")
+        assert rep["fails"] == [], rep["fails"][:10]
+        assert rep["kinds"]["by_local_rank"] == "HostNodes" and rep["kinds"]["by_node"] == "Host"
+    assert [rep["kinds"].get("subgroup") for rep in reports] == ["HostNodes"] * 2 + [None] * 2 + ["HostNodes"] * 2
+
+
 def test_nodes_without_a_shared_home_are_refused_naming_the_secret_file_and_rank_0_says_why():
     with Cluster(2, 2) as c:
         reports = _run(c, "host", env={"T": "6"})

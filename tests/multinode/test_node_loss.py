@@ -71,6 +71,7 @@ def test_a_node_killed_mid_training_is_named_at_once_and_a_process_on_a_new_node
         job = c.launch([sys.executable, RANK, "elastic"], env=env, nodes=3)
         _wait_for(env["CONTACT"])  # rank 0 after the shrink: where a newcomer meets the job
         address, port = Path(env["CONTACT"]).read_text().split()
+        assert address == c.addresses[0]  # the survivors' new store listens where the job's first one did
         log = os.path.join(c.workdir, "newcomer.out")
         with open(log, "w") as out:
             newcomer = c.spawn(3, [sys.executable, RANK, "elastic"],
