@@ -42,6 +42,10 @@ _NAMES = {ALL_REDUCE: "all_reduce", BROADCAST: "broadcast", REDUCE: "reduce", ba
           REDUCE_SCATTER: "reduce_scatter", base.ALL_TO_ALL: "all_to_all", base.GATHER: "gather", base.SCATTER: "scatter"}
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _ALGO = "hierarchical:shm+gloo"
+# The leaders' exchange of every reduction: 64 bytes of header (the call's signature, and the ranks of this machine
+# that made different calls, if any) and, where it fits, the machine's partial result. 4 KiB: results up to 4032
+# bytes (a thousand float32) cost one exchange between machines, and the fixed size costs a few microseconds.
+_RECORD_BYTES, _HEADER_BYTES = 4096, 64
 # How long survivors wait for each other's roll call after a timeout between machines, to name the silent ones.
 _ROLL_CALL_S = 0.5
 
@@ -284,48 +288,112 @@ class HostNodes(Backend):
             raise InvalidArgument(f"algo={algo!r}: across machines the host backend runs one schedule per collective "
                                   f"(shared memory inside each machine, gloo between them); use algo='auto'")
         self._flush_p2p()
+        if coll in (ALL_REDUCE, REDUCE, REDUCE_SCATTER):
+            self._seq += 1
+            sig = self._signature(coll, count, src.dtype_name, redop, root)
+            target = dst if coll == ALL_REDUCE else _scratch(src, src.count)
+            self._all_reduce(src, target, redop, sig, _NAMES[coll])
+            if coll == REDUCE and self.rank == root:
+                ctypes.memmove(dst.ptr, target.ptr, target.nbytes)
+            elif coll == REDUCE_SCATTER:
+                ctypes.memmove(dst.ptr, target.ptr + self.rank * count * src.itemsize, count * src.itemsize)
+            return
         self._agree(coll, count, src.dtype_name, redop, root)
-        if coll == ALL_REDUCE:
-            self._all_reduce(src, dst, redop)
-        elif coll == REDUCE:
-            tmp = _scratch(src, src.count)
-            self._all_reduce(src, tmp, redop)
-            if self.rank == root:
-                ctypes.memmove(dst.ptr, tmp.ptr, tmp.nbytes)
-        elif coll == REDUCE_SCATTER:
-            tmp = _scratch(src, src.count)
-            self._all_reduce(src, tmp, redop)
-            ctypes.memmove(dst.ptr, tmp.ptr + self.rank * count * src.itemsize, count * src.itemsize)
-        elif coll == BROADCAST:
+        if coll == BROADCAST:
             self._broadcast(src, root)
         else:
             self._through_world(coll, src, dst, count, root)
 
-    def _all_reduce(self, src, dst, redop) -> None:
+    def _signature(self, coll: int, count: int, dtype: str, redop, root: int) -> list:
+        op = -1 if redop is None else (int(redop) if type(redop) is _C.RedOp else 1000)
+        code = _buffers.SUPPORTED.index(dtype) if dtype in _buffers.SUPPORTED else -1
+        return [coll, count, code, op, root, self._seq]
+
+    def _all_reduce(self, src, dst, redop, sig: list, what: str) -> None:
+        """The hierarchical all-reduce, its call check folded in. The machine's ranks reduce into its leader
+        through shared memory (the host backend compares their calls there). The leaders then exchange a fixed-size
+        record (_RECORD_BYTES) whatever the call: its signature, whether the machine's ranks agreed, and the
+        machine's partial result when that fits. Fixed, so that calls that differ between machines still make
+        the same exchange and learn that they differ. Where the partials fit, each leader folds them in machine
+        order (the same bits on every leader) and the call costs one exchange between machines; larger ones
+        follow with gloo's all-reduce. Each leader then hands its machine the verdict with the result."""
         torch, dist = _torch()
         floating = src.dtype_name in _FLOATS
-        premul = None
+        premul, op = None, redop
         if type(redop) is not _C.RedOp:  # premul_sum
-            premul, gloo_op = float(redop.scalar), dist.ReduceOp.SUM
+            premul, op = float(redop.scalar), _C.RedOp.sum
         elif redop == _C.RedOp.avg:
-            gloo_op = dist.ReduceOp.SUM
+            op = _C.RedOp.sum
             if floating:  # NCCL's 1/n for the whole world: in double, rounded to float32 except for float64 (the
                 # host backend rounds it on to the dtype)
                 premul = 1.0 / self.world_size
                 premul = premul if src.dtype_name == "float64" else float(np.float32(premul))
-        else:
-            gloo_op = {_C.RedOp.sum: dist.ReduceOp.SUM, _C.RedOp.prod: dist.ReduceOp.PRODUCT,
-                       _C.RedOp.min: dist.ReduceOp.MIN, _C.RedOp.max: dist.ReduceOp.MAX}[redop]
-        local_op = _C.RedOp.sum if (premul is not None or redop == _C.RedOp.avg) else redop
-        self._local(REDUCE, src, dst, local_op, 0, premul)
+        divide = type(redop) is _C.RedOp and redop == _C.RedOp.avg and not floating
+        odd = None
+        try:
+            self._local(REDUCE, src, dst, op, 0, premul)
+        except InvalidArgument as e:  # this machine's ranks made different calls: every one of them raised it
+            pair = list(e.ranks)[:2] if len(e.ranks) >= 2 else [len(self._local_ranks) - 1, 0]
+            odd = self._mismatch(what, self._local_ranks[pair[1]], self._local_ranks[pair[0]], str(e))
+            if self.leaders is None:
+                raise odd from None
+        nbytes = dst.nbytes
+        inline = nbytes <= _RECORD_BYTES - _HEADER_BYTES
+        verdict = np.full(2, -1, np.int64)
         if self.leaders is not None:
-            view = _torch_view(dst)
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = gloo_op
-            self._gloo("all_reduce", self.leaders.allreduce([view], opts))
-            if type(redop) is _C.RedOp and redop == _C.RedOp.avg and not floating:
-                view.copy_(torch.div(view, self.world_size, rounding_mode="trunc"))
-        self._local(BROADCAST, dst, dst, None, 0)
+            bad = [-1, -1] if odd is None else [odd.ranks[1], odd.ranks[0]]
+            record = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
+            header = record[:_HEADER_BYTES].view(torch.int64)
+            header[:8] = torch.tensor([*sig, *bad], dtype=torch.int64)
+            if inline and odd is None:
+                record[_HEADER_BYTES:_HEADER_BYTES + nbytes] = _torch_view(dst).view(torch.uint8)
+            records = [torch.empty_like(record) for _ in self.machines]
+            self._gloo(what, self.leaders.allgather([records], [record]))
+            heads = [r[:_HEADER_BYTES].view(torch.int64) for r in records]
+            for n, h in enumerate(heads):
+                if h[6] >= 0:
+                    verdict[:] = (int(h[6]), int(h[7]))
+                    break
+                if not torch.equal(h[:6], heads[0][:6]):
+                    verdict[:] = (self.first[n], self.first[0])
+                    break
+            if verdict[0] < 0:
+                view = _torch_view(dst)
+                if inline:
+                    dtype = view.dtype
+                    parts = [r[_HEADER_BYTES:_HEADER_BYTES + nbytes].view(dtype) for r in records]
+                    folded = parts[0].clone()
+                    for part in parts[1:]:
+                        folded = _FOLD[op](folded, part)
+                    view.copy_(folded)
+                else:
+                    opts = dist.AllreduceOptions()
+                    opts.reduceOp = _GLOO_OPS[op]
+                    self._gloo(what, self.leaders.allreduce([view], opts))
+                if divide:
+                    view.copy_(torch.div(view, self.world_size, rounding_mode="trunc"))
+            if odd is not None:
+                raise odd from None
+        if inline:  # the verdict and the result in one step through shared memory
+            staged = np.empty(16 + nbytes, np.uint8)
+            if self.leaders is not None:
+                staged[:16] = verdict.view(np.uint8)
+                ctypes.memmove(staged.ctypes.data + 16, dst.ptr, nbytes)
+            self._local(BROADCAST, _buffers.resolve(staged, "staged"), None, None, 0)
+            verdict = staged[:16].view(np.int64).copy()
+            if verdict[0] < 0 and self.leaders is None:
+                ctypes.memmove(dst.ptr, staged.ctypes.data + 16, nbytes)
+        else:
+            self._local(BROADCAST, _buffers.resolve(verdict, "verdict"), None, None, 0)
+            if verdict[0] < 0:
+                self._local(BROADCAST, dst, dst, None, 0)
+        if verdict[0] >= 0:
+            raise self._mismatch(what, int(verdict[0]), int(verdict[1]))
+
+    def _mismatch(self, what: str, a: int, b: int, detail: str = "") -> InvalidArgument:
+        return InvalidArgument(f"{what} #{self._seq} differs between ranks: rank {a} ({self.hosts[a]}) and rank {b} "
+                               f"({self.hosts[b]}) made different calls (collective, count, dtype, op or root)"
+                               + (f"; on their machine: {detail}" if detail else ""), ranks=(b, a))
 
     def _broadcast(self, buf, root: int) -> None:
         _, dist = _torch()
@@ -417,6 +485,31 @@ class HostNodes(Backend):
 def _failure_error(failure: dict) -> GpucollError:
     cls = CollectiveTimeout if failure["timeout"] else RemoteError
     return cls(failure["message"], ranks=tuple(failure["ranks"]))
+
+
+def _fold(name: str):
+    def fold(a, b):
+        return getattr(_torch()[0], name)(a, b)
+    return fold
+
+
+# A leader folds the machines' partials with these, in machine order (torch keeps the dtype: int8 wraps, float16
+# rounds at every step, as the host backend's own reductions do).
+_FOLD = {_C.RedOp.sum: _fold("add"), _C.RedOp.prod: _fold("mul"), _C.RedOp.min: _fold("minimum"),
+         _C.RedOp.max: _fold("maximum")}
+
+
+class _GlooOps(dict):
+    """gpucoll's RedOp -> gloo's ReduceOp, resolved on first use (torch is imported only across machines)."""
+
+    def __missing__(self, op):
+        dist = _torch()[1]
+        self.update({_C.RedOp.sum: dist.ReduceOp.SUM, _C.RedOp.prod: dist.ReduceOp.PRODUCT,
+                     _C.RedOp.min: dist.ReduceOp.MIN, _C.RedOp.max: dist.ReduceOp.MAX})
+        return self[op]
+
+
+_GLOO_OPS = _GlooOps()
 
 
 class _LocalLaunch:

@@ -48,6 +48,18 @@ def _get(a) -> np.ndarray:
 def host(comm) -> dict:
     r, n = comm.rank, comm.world_size
     fails = helpers.every_collective(comm, list(range(n)), "every_collective")
+    # Sizes on both sides of the leaders' 4 KiB record (4032 bytes of result ride in it; more take gloo's
+    # all-reduce) and a large one, in a few dtypes; then 1003 elements in every dtype and op.
+    for dtype, count in (("float32", 1008), ("float32", 1009), ("uint8", 4032), ("uint8", 4033),
+                         ("float64", 70001), ("int32", 70001), ("bfloat16", 70001), ("float16", 3000)):
+        for op in helpers.OPS:
+            inputs = [helpers.make_input(dtype, op, count, q, n, seed=11) for q in range(n)]
+            want = helpers.reference(inputs, dtype, op)
+            out = _put(np.full(count, SENTINEL), dtype)
+            comm.all_reduce(_put(inputs[r], dtype), out=out, op=op)
+            why = helpers.compare_exact(_get(out).astype(np.float64), np.asarray(want, np.float64))
+            if why:
+                fails.append(f"all_reduce {dtype} x {count} {op}: {why}")
     count = 1003
     for dtype in _DTYPES:
         for op in helpers.OPS:
@@ -75,9 +87,10 @@ def host(comm) -> dict:
             if not np.array_equal(_get(x), block[root]):
                 fails.append(f"broadcast {dtype} root {root}")
     # A call that differs on one rank raises on every rank, and the communicator goes on.
-    for odd in sorted({n - 1, n // 2}):  # a machine's last rank, and a machine's first (its leader)
+    for odd, size in ((n - 1, 4), (n // 2, 4), (n - 1, 50000), (n // 2, 50000)):  # a machine's last rank, and a
+        # machine's first (its leader), in the leaders' record and through gloo's all-reduce
         try:
-            comm.all_reduce(np.zeros(5 if r == odd else 4, np.float32))
+            comm.all_reduce(np.zeros(size + 1 if r == odd else size, np.float32))
             fails.append(f"a call with another count on rank {odd} did not raise")
         except gpucoll.errors.InvalidArgument as e:
             if f"rank {odd} " not in str(e):
