@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import datetime
 import json
+import re
 import socket
 import time
 
@@ -136,8 +137,8 @@ class HostNodes(Backend):
 
     @classmethod
     def create(cls, launch, store, *, timeout: float, hosts: list, prefix: str, make_local):
-        """Every rank together; `hosts`: every rank's host name, `make_local(launch, store, timeout)`: the host backend over
-        this machine's ranks."""
+        """Every rank together; `hosts`: every rank's host name; `make_local(launch, store, timeout)`: the host
+        backend over this machine's ranks."""
         why = engine_missing(hosts)
         if why is not None:
             raise Unsupported(why)
@@ -181,14 +182,16 @@ class HostNodes(Backend):
     def _gloo(self, what: str, work) -> None:
         """Waits for a gloo operation. Its failure becomes the typed error of a lost or late peer, naming the ranks
         of the machine at the address gloo names, or else of the machines that did not answer a roll call; the
-        error is left in the store and this machine's host communicator aborted, so that its ranks waiting on this
-        one (a leader's machine, in the middle of a reduction) raise the same error at once."""
+        error is left in the store and this rank abandons its machine's host communicator, so that the ranks
+        waiting on this one (a leader's machine, in the middle of a reduction) raise the same error at once."""
         try:
             work.wait()
         except RuntimeError as e:
             text = str(e)
             timed_out = "imed out" in text
-            ranks = sorted({r for a, rs in self._addresses.items() if a in text for r in rs}) or self._roll_call()
+            named = {r for a, rs in self._addresses.items() if re.search(rf"(?<![\d.]){re.escape(a)}(?!\d)", text)
+                     for r in rs}
+            ranks = sorted(named) or self._roll_call()
             where = f"; lost: rank(s) {ranks} (machine(s) {sorted({self.hosts[r] for r in ranks})})" if ranks else ""
             failure = {"timeout": timed_out, "ranks": ranks,
                        "message": f"{what} between machines (gloo) {'timed out' if timed_out else 'failed'}{where}: "
