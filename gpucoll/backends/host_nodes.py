@@ -1,30 +1,28 @@
-"""The host backend when its ranks run on several machines: shared memory inside each machine, gloo between them.
+"""The host backend when its ranks run on several machines: shared memory inside each machine, an engine between
+them (torch's gloo, or MPI where the job was launched under MPI: host_engines.py).
 
 gpucoll's host schedules (csrc/backends/host/) work through one shared-memory region, so they reach the ranks of one
-machine only. Between machines this backend uses an engine that already moves CPU tensors over the network, torch's
-gloo, rather than a transport of gpucoll's own: every torch installation carries it, and it meets its peers through
-gpucoll's own store (authenticated: `_GlooStore`), so the job opens no second rendezvous port. Without torch, a job
-across machines has no engine, and the backend says so when it is built.
+machine only. Between machines this backend uses an engine that already moves CPU buffers over the network rather
+than a transport of gpucoll's own. Without one (no torch, and not launched under MPI with mpi4py), a job across
+machines cannot run, and the backend says so when it is built.
 
 The reductions run in three steps (the hierarchical all-reduce of the seed notes): the ranks of each machine reduce
-into its first rank (the leader) through shared memory, the leaders all-reduce through gloo, and each leader
-broadcasts the result to its machine through shared memory. So the network carries one copy per machine, not one per
-rank, and every rank ends with the leader's bits: the same result everywhere. Reductions are exact on exact inputs,
-in a different order from the one-machine schedules (machine by machine). avg is NCCL's: floating types scale every
-input by NCCL's 1/n for the whole world before the sum, integer types divide the finished sum, truncating.
-Broadcast runs the same way in reverse. The other collectives (all-gather, all-to-all, gather, scatter, send and
-receive) go through gloo over every rank, reduce-scatter through the hierarchical all-reduce.
+into its first rank (the leader) through shared memory, the leaders combine their machines' results through the
+engine, and each leader broadcasts the result to its machine through shared memory. So the network carries one
+copy per machine, not one per rank, and every rank ends with the leader's bits: the same result everywhere.
+Reductions are exact on exact inputs, in a different order from the one-machine schedules (machine by machine). avg
+is NCCL's: floating types scale every input by NCCL's 1/n for the whole world before the sum, integer types divide
+the finished sum, truncating. Broadcast runs the same way in reverse. The other collectives (all-gather, all-to-all,
+gather, scatter, send and receive) go through the engine over every rank, reduce-scatter through the all-reduce.
 
-Each call's signature (collective, count, dtype, op, root and the call's number on this communicator) crosses the
-leaders before any data does: a call that differs between machines raises InvalidArgument on every rank instead of
-letting gloo pair unrelated buffers. Within a machine the host backend's own call check does the same.
+Every call is checked across the machines before data moves: a call that differs between ranks raises
+InvalidArgument on every rank instead of letting the engine pair unrelated buffers (see _all_reduce and _agree).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import datetime
 import json
 import re
 import socket
@@ -35,14 +33,15 @@ import numpy as np
 from gpucoll import _buffers
 from gpucoll._native import _C
 from gpucoll.backends import base
+from gpucoll.backends import host_engines as engines
 from gpucoll.backends.base import ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER, Backend
 from gpucoll.bootstrap.prefix import PrefixStore
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, RemoteError, Unsupported
 
 _NAMES = {ALL_REDUCE: "all_reduce", BROADCAST: "broadcast", REDUCE: "reduce", base.ALL_GATHER: "all_gather",
-          REDUCE_SCATTER: "reduce_scatter", base.ALL_TO_ALL: "all_to_all", base.GATHER: "gather", base.SCATTER: "scatter"}
+          REDUCE_SCATTER: "reduce_scatter", base.ALL_TO_ALL: "all_to_all", base.GATHER: "gather",
+          base.SCATTER: "scatter"}
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
-_ALGO = "hierarchical:shm+gloo"
 # The leaders' exchange of every reduction: 64 bytes of header (the call's signature, and the ranks of this machine
 # that made different calls, if any) and, where it fits, the machine's partial result. 4 KiB: results up to 4032
 # bytes (a thousand float32) cost one exchange between machines, and the fixed size costs a few microseconds.
@@ -51,65 +50,18 @@ _RECORD_BYTES, _HEADER_BYTES = 4096, 64
 _ROLL_CALL_S = 0.5
 
 
-def _torch():
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return None, None
-    return torch, dist
-
-
-def engine_missing(hosts: list) -> str | None:
+def engine_missing(hosts: list, mpi) -> str | None:
     """Why this process cannot run the host backend across `hosts` (None when it can)."""
-    torch, dist = _torch()
-    if torch is None or not dist.is_available() or not dist.is_gloo_available():
-        names = sorted(set(hosts))
-        return (f"the host backend's ranks run on {len(names)} machines ({', '.join(names[:4])}"
-                f"{' ...' if len(names) > 4 else ''}); between machines it moves data through torch's gloo, and torch "
-                f"with gloo is not installed here (pip install torch)")
-    return None
-
-
-class _GlooStore:
-    """gpucoll's rendezvous store seen as a torch.distributed Store, under a prefix, for gloo's own rendezvous."""
-
-    def __new__(cls, base, timeout: float):
-        _, dist = _torch()
-
-        class Store(dist.Store):
-            def set(self, key, value):
-                base.set(key, value if isinstance(value, bytes) else str(value).encode())
-
-            def get(self, key):
-                return base.get(key, timeout=timeout)
-
-            def add(self, key, amount):
-                return base.add(key, amount)
-
-            def wait(self, keys, wait_timeout=None):
-                for key in keys:
-                    base.get(key, timeout=timeout)
-
-            def check(self, keys):
-                return all(base.check(k) for k in keys)
-
-        return Store()
-
-
-def _torch_view(buf, count: int | None = None, offset: int = 0):
-    """A torch tensor over `count` elements of `buf` from element `offset`, sharing its memory."""
-    torch, _ = _torch()
-    dtype = getattr(torch, buf.dtype_name)
-    n = buf.count if count is None else count
-    if n == 0:
-        return torch.empty(0, dtype=dtype)
-    raw = (ctypes.c_uint8 * (n * buf.itemsize)).from_address(buf.ptr + offset * buf.itemsize)
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype)
+    if mpi is not None or engines.gloo_available():
+        return None
+    names = sorted(set(hosts))
+    return (f"the host backend's ranks run on {len(names)} machines ({', '.join(names[:4])}"
+            f"{' ...' if len(names) > 4 else ''}); between machines it moves data through torch's gloo, or through "
+            f"MPI when launched under MPI with mpi4py installed, and neither is available here (pip install torch)")
 
 
 def _scratch(buf, count: int):
-    """A CPU buffer of `count` elements of `buf`'s dtype (float32 storage for bfloat16, which NumPy lacks)."""
+    """A CPU buffer of `count` elements of `buf`'s dtype."""
     arr = np.empty(count * buf.itemsize, dtype=np.uint8)
     return _buffers.Buffer(arr, "numpy", arr.ctypes.data, count, buf.dtype, buf.dtype_name, buf.itemsize, (count,),
                            "cpu")
@@ -134,30 +86,34 @@ class HostNodes(Backend):
         self._local_ranks = [r for r, h in enumerate(hosts) if h == hosts[rank]]
         self._seq = 0
         self._group = None
+        self.algo = f"hierarchical:shm+{world.name}"
 
     @classmethod
     def create(cls, launch, store, *, timeout: float, hosts: list, prefix: str, make_local):
         """Every rank together; `hosts`: every rank's host name; `make_local(launch, store, timeout)`: the host
         backend over this machine's ranks."""
-        why = engine_missing(hosts)
+        mpi = engines.mpi_world(launch.world_size, launch.rank)
+        why = engine_missing(hosts, mpi)
         if why is not None:
             raise Unsupported(why)
-        _, dist = _torch()
         machines = list(dict.fromkeys(hosts))
         mine = [r for r, h in enumerate(hosts) if h == hosts[launch.rank]]
         node = machines.index(hosts[launch.rank])
         local_launch = _LocalLaunch(mine.index(launch.rank), len(mine))
-        # The machine's own communicator waits longer than gloo does: a rank waiting on its leader, which waits on
-        # the network, then hears the leader's verdict (which names the lost machine) instead of timing out first
-        # and naming the leader. A leader that died is seen at once all the same (its process is gone).
+        # The machine's own communicator waits longer than the engine does: a rank waiting on its leader, which
+        # waits on the network, then hears the leader's verdict (which names the lost machine) instead of timing out
+        # first and naming the leader. A leader that died is seen at once all the same (its process is gone).
         local = make_local(local_launch, PrefixStore(store, f"{prefix}machine{node}/"), timeout + _ROLL_CALL_S + 1.0)
-        span = datetime.timedelta(seconds=float(timeout))
-        world = dist.ProcessGroupGloo(_GlooStore(PrefixStore(store, f"{prefix}gloo/world/"), timeout),
-                                      launch.rank, launch.world_size, span)
-        leaders = None
-        if mine[0] == launch.rank:
-            leaders = dist.ProcessGroupGloo(_GlooStore(PrefixStore(store, f"{prefix}gloo/leaders/"), timeout),
-                                            node, len(machines), span)
+        leading = mine[0] == launch.rank
+        if mpi is not None:
+            world = engines.Mpi(mpi)
+            # Split is collective over every rank; the others get MPI's null communicator and drop it.
+            split = mpi.Split(0 if leading else 1, launch.rank)
+            leaders = engines.Mpi(split) if leading else None
+        else:
+            world = engines.Gloo(PrefixStore(store, f"{prefix}gloo/world/"), launch.rank, launch.world_size, timeout)
+            leaders = (engines.Gloo(PrefixStore(store, f"{prefix}gloo/leaders/"), node, len(machines), timeout)
+                       if leading else None)
         addresses = {}
         for m in machines:
             with contextlib.suppress(OSError):
@@ -176,26 +132,26 @@ class HostNodes(Backend):
         self.local.check_out(src, dst)
 
     def algorithm_for(self, coll: int, nbytes: int, dtype: str, algo) -> str:
-        return _ALGO if coll in (ALL_REDUCE, REDUCE, REDUCE_SCATTER, BROADCAST) else "gloo"
+        return self.algo if coll in (ALL_REDUCE, REDUCE, REDUCE_SCATTER, BROADCAST) else self.world.name
 
     # -- errors --------------------------------------------------------------------------------------------------
-    def _gloo(self, what: str, work) -> None:
-        """Waits for a gloo operation. Its failure becomes the typed error of a lost or late peer, naming the ranks
-        of the machine at the address gloo names, or else of the machines that did not answer a roll call; the
-        error is left in the store and this rank abandons its machine's host communicator, so that the ranks
-        waiting on this one (a leader's machine, in the middle of a reduction) raise the same error at once."""
+    def _net(self, what: str, call, *args):
+        """One engine call. Its failure becomes the typed error of a lost or late peer, naming the ranks of the
+        machine at the address the engine names, or else of the machines that did not answer a roll call; the error
+        is left in the store and this rank abandons its machine's host communicator, so that the ranks waiting on
+        this one (a leader's machine, in the middle of a reduction) raise the same error at once."""
         try:
-            work.wait()
-        except RuntimeError as e:
+            return call(*args)
+        except engines.EngineFailure as e:
             text = str(e)
-            timed_out = "imed out" in text
             named = {r for a, rs in self._addresses.items() if re.search(rf"(?<![\d.]){re.escape(a)}(?!\d)", text)
                      for r in rs}
             ranks = sorted(named) or self._roll_call()
             where = f"; lost: rank(s) {ranks} (machine(s) {sorted({self.hosts[r] for r in ranks})})" if ranks else ""
-            failure = {"timeout": timed_out, "ranks": ranks,
-                       "message": f"{what} between machines (gloo) {'timed out' if timed_out else 'failed'}{where}: "
-                                  f"{text}"}
+            engine = self.world.name
+            failure = {"timeout": e.timed_out, "ranks": ranks,
+                       "message": f"{what} between machines ({engine}) {'timed out' if e.timed_out else 'failed'}"
+                                  f"{where}: {text}"}
             self._publish_failure(failure)
             raise _failure_error(failure) from None
 
@@ -238,7 +194,6 @@ class HostNodes(Backend):
         their signatures through shared memory, the leaders compare theirs (with whether their machine agreed)
         through gloo, and each leader tells its ranks the verdict. Three small steps, so that a rank that called
         something else is named at once on every rank instead of after a timeout."""
-        torch, _ = _torch()
         self._seq += 1
         op = -1 if redop is None else (int(redop) if type(redop) is _C.RedOp else 1000)
         code = _buffers.SUPPORTED.index(dtype) if dtype in _buffers.SUPPORTED else -1
@@ -251,14 +206,14 @@ class HostNodes(Backend):
         if odd >= 0:
             verdict[:] = (self._local_ranks[odd], self._local_ranks[0])
         if self.leaders is not None:
-            mine = torch.tensor([*sig.tolist(), int(verdict[0]), int(verdict[1])], dtype=torch.int64)
-            every = [torch.empty_like(mine) for _ in self.machines]
-            self._gloo(_NAMES.get(coll, "call"), self.leaders.allgather([every], [mine]))
+            mine = np.array([*sig.tolist(), int(verdict[0]), int(verdict[1])], np.int64)
+            every = self._net(_NAMES.get(coll, "call"), self.leaders.allgather_bytes, mine.view(np.uint8))
+            every = every.view(np.int64)
             for n, theirs in enumerate(every):
                 if theirs[-2] >= 0:
                     verdict[:] = (int(theirs[-2]), int(theirs[-1]))
                     break
-                if not torch.equal(theirs[:-2], every[0][:-2]):
+                if not np.array_equal(theirs[:-2], every[0][:-2]):
                     verdict[:] = (self.first[n], self.first[0])
                     break
         self._local(BROADCAST, _buffers.resolve(verdict, "verdict"), None, None, 0)
@@ -287,9 +242,10 @@ class HostNodes(Backend):
         if stream is not None:
             raise InvalidArgument("stream= applies to the nccl backend; the host backend runs each operation on the "
                                   "calling thread")
-        if algo not in (None, "auto", _ALGO, "gloo"):
+        if algo not in (None, "auto", self.algo, self.world.name):
             raise InvalidArgument(f"algo={algo!r}: across machines the host backend runs one schedule per collective "
-                                  f"(shared memory inside each machine, gloo between them); use algo='auto'")
+                                  f"(shared memory inside each machine, {self.world.name} between them); use "
+                                  f"algo='auto'")
         self._flush_p2p()
         if coll in (ALL_REDUCE, REDUCE, REDUCE_SCATTER):
             self._seq += 1
@@ -320,7 +276,6 @@ class HostNodes(Backend):
         the same exchange and learn that they differ. Where the partials fit, each leader folds them in machine
         order (the same bits on every leader) and the call costs one exchange between machines; larger ones
         follow with gloo's all-reduce. Each leader then hands its machine the verdict with the result."""
-        torch, dist = _torch()
         floating = src.dtype_name in _FLOATS
         premul, op = None, redop
         if type(redop) is not _C.RedOp:  # premul_sum
@@ -345,36 +300,29 @@ class HostNodes(Backend):
         verdict = np.full(2, -1, np.int64)
         if self.leaders is not None:
             bad = [-1, -1] if odd is None else [odd.ranks[1], odd.ranks[0]]
-            record = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
-            header = record[:_HEADER_BYTES].view(torch.int64)
-            header[:8] = torch.tensor([*sig, *bad], dtype=torch.int64)
+            record = np.zeros(_RECORD_BYTES, np.uint8)
+            record[:_HEADER_BYTES].view(np.int64)[:8] = [*sig, *bad]
+            mine = engines.storage(dst)
             if inline and odd is None:
-                record[_HEADER_BYTES:_HEADER_BYTES + nbytes] = _torch_view(dst).view(torch.uint8)
-            records = [torch.empty_like(record) for _ in self.machines]
-            self._gloo(what, self.leaders.allgather([records], [record]))
-            heads = [r[:_HEADER_BYTES].view(torch.int64) for r in records]
+                record[_HEADER_BYTES:_HEADER_BYTES + nbytes] = mine.view(np.uint8)
+            records = self._net(what, self.leaders.allgather_bytes, record)
+            heads = [r[:_HEADER_BYTES].view(np.int64) for r in records]
             for n, h in enumerate(heads):
                 if h[6] >= 0:
                     verdict[:] = (int(h[6]), int(h[7]))
                     break
-                if not torch.equal(h[:6], heads[0][:6]):
+                if not np.array_equal(h[:6], heads[0][:6]):
                     verdict[:] = (self.first[n], self.first[0])
                     break
             if verdict[0] < 0:
-                view = _torch_view(dst)
                 if inline:
-                    dtype = view.dtype
-                    parts = [r[_HEADER_BYTES:_HEADER_BYTES + nbytes].view(dtype) for r in records]
-                    folded = parts[0].clone()
-                    for part in parts[1:]:
-                        folded = _FOLD[op](folded, part)
-                    view.copy_(folded)
+                    parts = [r[_HEADER_BYTES:_HEADER_BYTES + nbytes].view(mine.dtype) for r in records]
+                    mine[...] = engines.fold(parts, op, src.dtype_name == "bfloat16")
                 else:
-                    opts = dist.AllreduceOptions()
-                    opts.reduceOp = _GLOO_OPS[op]
-                    self._gloo(what, self.leaders.allreduce([view], opts))
-                if divide:
-                    view.copy_(torch.div(view, self.world_size, rounding_mode="trunc"))
+                    self._net(what, self.leaders.allreduce, dst, op)
+                if divide:  # integer avg: the finished sum divided by n, truncating toward zero (C's division)
+                    total = mine.astype(np.int64)
+                    mine[...] = (np.abs(total) // self.world_size * np.sign(total)).astype(mine.dtype)
             if odd is not None:
                 raise odd from None
         if inline:  # the verdict and the result in one step through shared memory
@@ -399,34 +347,22 @@ class HostNodes(Backend):
                                + (f"; on their machine: {detail}" if detail else ""), ranks=(b, a))
 
     def _broadcast(self, buf, root: int) -> None:
-        _, dist = _torch()
         root_node = self.machines.index(self.hosts[root])
         if self.node == root_node:
             self._local(BROADCAST, buf, buf, None, self.hosts[:root].count(self.hosts[root]))
         if self.leaders is not None:
-            opts = dist.BroadcastOptions()
-            opts.rootRank = root_node
-            self._gloo("broadcast", self.leaders.broadcast([_torch_view(buf)], opts))
+            self._net("broadcast", self.leaders.broadcast, buf, root_node)
         if self.node != root_node:
             self._local(BROADCAST, buf, buf, None, 0)
 
     def _through_world(self, coll: int, src, dst, count: int, root: int) -> None:
-        n, me = self.world_size, self.rank
-        blocks = [_torch_view(dst, count, r * count) for r in range(n)] if dst is not None else None
-        if coll == base.ALL_GATHER:
-            work = self.world.allgather([blocks], [_torch_view(src)])
-        elif coll == base.ALL_TO_ALL:
-            work = self.world.alltoall_base(_torch_view(dst, count * n), _torch_view(src, count * n), [], [])
-        elif coll == base.GATHER:
-            mine = _torch_view(src, count)
-            work = self.world.gather([blocks] if me == root else [], [mine], _gather_opts(root))
-        elif coll == base.SCATTER:
-            outs = [_torch_view(dst, count)]
-            ins = [[_torch_view(src, count, r * count) for r in range(n)]] if me == root else []
-            work = self.world.scatter(outs, ins, _scatter_opts(root))
-        else:
+        w = self.world
+        call = {base.ALL_GATHER: lambda: w.all_gather(src, dst, count), base.ALL_TO_ALL: lambda: w.all_to_all(src, dst, count),
+                base.GATHER: lambda: w.gather(src, dst, count, root),
+                base.SCATTER: lambda: w.scatter(src, dst, count, root)}.get(coll)
+        if call is None:
             raise Unsupported(f"collective {coll} across machines")
-        self._gloo(_NAMES[coll], work)
+        self._net(_NAMES[coll], call)
 
     # -- sends and receives -------------------------------------------------------------------------------------
     def p2p(self, send: bool, peer: int, buf, stream, async_op: bool):
@@ -440,10 +376,8 @@ class HostNodes(Backend):
 
     def _run_p2p(self, batch) -> None:
         # Every send and receive is posted before any is waited for: a group's pairs never wait on each other.
-        works = [(self.world.send if send else self.world.recv)([_torch_view(buf)], peer, 0)
-                 for send, peer, buf in batch]
-        for (send, peer, _), work in zip(batch, works):
-            self._gloo(f"{'send to' if send else 'receive from'} rank {peer}", work)
+        peers = sorted({peer for _, peer, _ in batch})
+        self._net(f"send/receive with rank(s) {peers}", self.world.p2p, batch)
 
     def _flush_p2p(self) -> None:
         if self._group:
@@ -466,7 +400,7 @@ class HostNodes(Backend):
                 self._run_p2p(batch)
 
     def barrier(self) -> None:
-        self._gloo("barrier", self.world.barrier())
+        self._net("barrier", self.world.barrier)
 
     def compressed_all_reduce(self, src, dst, redop, compress: str, stream, async_op: bool):
         raise Unsupported(f"all_reduce(compress={compress!r}) runs on the host backend of one machine and on "
@@ -490,31 +424,6 @@ def _failure_error(failure: dict) -> GpucollError:
     return cls(failure["message"], ranks=tuple(failure["ranks"]))
 
 
-def _fold(name: str):
-    def fold(a, b):
-        return getattr(_torch()[0], name)(a, b)
-    return fold
-
-
-# A leader folds the machines' partials with these, in machine order (torch keeps the dtype: int8 wraps, float16
-# rounds at every step, as the host backend's own reductions do).
-_FOLD = {_C.RedOp.sum: _fold("add"), _C.RedOp.prod: _fold("mul"), _C.RedOp.min: _fold("minimum"),
-         _C.RedOp.max: _fold("maximum")}
-
-
-class _GlooOps(dict):
-    """gpucoll's RedOp -> gloo's ReduceOp, resolved on first use (torch is imported only across machines)."""
-
-    def __missing__(self, op):
-        dist = _torch()[1]
-        self.update({_C.RedOp.sum: dist.ReduceOp.SUM, _C.RedOp.prod: dist.ReduceOp.PRODUCT,
-                     _C.RedOp.min: dist.ReduceOp.MIN, _C.RedOp.max: dist.ReduceOp.MAX})
-        return self[op]
-
-
-_GLOO_OPS = _GlooOps()
-
-
 class _LocalLaunch:
     """The part of a LaunchInfo the host backend's set-up reads, for the ranks of one machine."""
 
@@ -527,18 +436,3 @@ class _PreMul:
 
     def __init__(self, scalar: float):
         self.scalar = scalar
-
-
-def _gather_opts(root: int):
-    _, dist = _torch()
-    opts = dist.GatherOptions()
-    opts.rootRank = root
-    return opts
-
-
-def _scatter_opts(root: int):
-    _, dist = _torch()
-    opts = dist.ScatterOptions()
-    opts.rootRank = root
-    return opts
-

@@ -360,6 +360,32 @@ class Cluster:
     def run(self, argv, timeout: float = 120.0, env: dict | None = None, rank_env=None) -> list[RankResult]:
         return self.launch(argv, env=env, rank_env=rank_env).wait(timeout)
 
+    def mpi_launcher(self) -> str:
+        """A script for MPICH's hydra (``mpiexec -launcher ssh -launcher-exec SCRIPT -hosts NODES``) that starts its
+        proxy on a node the way ``spawn`` starts a rank, where hydra would ssh: mpiexec, run on a node itself
+        (``exec(0, ["mpiexec", ...])``), then launches ranks across the nodes as on a cluster."""
+        path = os.path.join(self.workdir, "mpi_launcher.sh")
+        hosts = os.path.join(self.workdir, "hosts")
+        lines = ["#!/bin/sh", "# hydra calls: SCRIPT [ssh options] HOST COMMAND...",
+                 'while [ "${1#-}" != "$1" ]; do shift; done', 'host=$1; shift']
+        for i, name in enumerate(self.hostnames):
+            lines.append(f'[ "$host" = "{name}" ] && exec ip netns exec {self.netns(i)} unshare --uts --mount -- '
+                         f'sh -c \'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec sh -c "$*"\' '
+                         f'sh {hosts} {name} "$@"')
+        lines.append('echo "mpi_launcher: no node is called $host" >&2; exit 1')
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def mpiexec(self, argv, env: dict | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        """`argv` on every rank through MPICH's mpiexec (run on node 0; ranks placed node by node)."""
+        cmd = ["mpiexec", "-launcher", "ssh", "-launcher-exec", self.mpi_launcher(), "-hosts",
+               ",".join(self.hostnames), "-n", str(self.world_size), "-ppn", str(self.ranks_per_node), *argv]
+        if env:
+            cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *cmd]
+        return self.exec(0, cmd, timeout=timeout)
+
     def exec(self, node: int, argv, timeout: float = 30.0) -> subprocess.CompletedProcess:
         """A command on node `node` (its network, hostname and HOME), to completion."""
         p = self.spawn(node, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -95,12 +95,30 @@ def test_torch_cpu_tensors_run_across_nodes(backend):
     assert all(rep["fails"] == [] and "error" not in rep for rep in reports), reports
 
 
-def test_without_torch_the_host_backend_across_nodes_says_what_it_needs(tmp_path):
+def _hide_torch(tmp_path) -> str:
     fake = tmp_path / "torch"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('torch is hidden by the test')\n")
+    return str(tmp_path)
+
+
+def test_a_job_launched_under_mpi_moves_data_between_nodes_through_mpi_without_torch(tmp_path):
+    helpers.require("mpi4py")
+    with Cluster(2, 2) as c:
+        env = {"UNDER_MPI": "1", "PYTHONPATH": _hide_torch(tmp_path), "REPORT_DIR": str(tmp_path)}
+        done = c.mpiexec([sys.executable, RANK, "host"], env=env, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted(rep.get("rank", -1) for rep in reports) == [0, 1, 2, 3], done.stdout[-3000:]
+    for rep in reports:
+        assert "error" not in rep, rep.get("trace")
+        assert rep["fails"] == [], rep["fails"][:10]
+        assert rep["backend"] == "HostNodes" and rep["algorithm"] == "hierarchical:shm+MPI"
+
+
+def test_without_torch_the_host_backend_across_nodes_says_what_it_needs(tmp_path):
     with Cluster(2, 1) as c:
-        reports = _run(c, "no_torch", env={**_secret(), "PYTHONPATH": str(tmp_path)})
+        reports = _run(c, "no_torch", env={**_secret(), "PYTHONPATH": _hide_torch(tmp_path)})
     for rep in reports:
         assert rep["error"] == "Unsupported", rep
         assert "2 machines" in rep["message"] and "gloo" in rep["message"] and "pip install torch" in rep["message"]
