@@ -280,3 +280,16 @@ def test_messages_of_many_chunks(monkeypatch):
     results = gpucoll.spawn(_chunked_worker, 3, backend="nccl", timeout=120.0)
     failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
     assert not failures, helpers.format_failures(failures)
+
+
+def test_every_peer_over_the_network_transport(monkeypatch):
+    """NCCL's NCCL_P2P_DISABLE=1 with NCCL_SHM_DISABLE=1 leaves ranks of one host nothing but the network: the
+    stand-in's socket transport (net.cc) then carries every peer, so it runs here without the multi-node fixture
+    (tests/multinode/test_nccl_nodes.py runs it between hosts). 64-byte chunks: many frames per message, wrapping
+    the receiver's slots."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("NCCL_SHM_DISABLE", "1")
+    monkeypatch.setenv("NCCL_EMU_CHUNK_BYTES", "64")
+    results = gpucoll.spawn(_chunked_worker, 3, backend="nccl", timeout=120.0)
+    failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
+    assert not failures, helpers.format_failures(failures)
