@@ -27,7 +27,8 @@ def _arrays(comm):
 
 def everything(comm) -> dict:
     """Every collective, dtype and op of the NCCL battery on the world, then each node's communicator and the
-    communicator of the nodes' local rank 0s (split by node), every collective exact on each."""
+    communicator of the nodes' local rank 0s (split by node), and a subgroup of ranks 1 and 2 (on two nodes), every
+    collective exact on each."""
     import nccl_ranks
 
     put, get = _arrays(comm)
@@ -44,6 +45,9 @@ def everything(comm) -> dict:
         lm = [q * int(os.environ["LOCAL_WORLD_SIZE"]) for q in range(nodes)]
         out["leaders"] = [leaders.rank, leaders.world_size]
         out["leader_fails"] = helpers.every_collective(leaders, lm, "leaders", put=put, get=get)
+    cross = comm.subgroup([1, 2])  # on different nodes in 2x2 and in 4x1
+    if cross is not None:
+        out["cross_fails"] = helpers.every_collective(cross, [1, 2], "subgroup [1, 2]", put=put, get=get)
     out["world_fails"] = helpers.every_collective(comm, list(range(comm.world_size)), "world", put=put, get=get)
     return out
 

@@ -105,7 +105,9 @@ uint64_t host_hash() {
   char host[64];
   my_host(host, sizeof(host));
   uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (size_t i = 0; i < sizeof(host) && host[i] != '\0'; ++i) h = (h ^ static_cast<unsigned char>(host[i])) * 1099511628211ull;
+  for (size_t i = 0; i < sizeof(host) && host[i] != '\0'; ++i) {
+    h = (h ^ static_cast<unsigned char>(host[i])) * 1099511628211ull;
+  }
   return h;
 }
 
