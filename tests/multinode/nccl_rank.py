@@ -88,6 +88,22 @@ def loop(comm) -> dict:
                 "after_s": time.monotonic() - t_last, "ops": n, "fails": fails}
 
 
+def loop_then_shrink(comm) -> dict:
+    """loop() until the fault, then shrink to the ranks not in $LOST (the lost node's) and run every collective on
+    the survivors' communicator."""
+    out = loop(comm)
+    lost = [int(q) for q in os.environ["LOST"].split(",")]
+    if comm.rank in lost:
+        return out
+    t0 = time.monotonic()
+    new = comm.shrink(exclude=lost)
+    put, get = _arrays(new)
+    members = [q for q in range(comm.world_size) if q not in lost]
+    out.update(shrunk=[new.rank, new.world_size, new.backend], shrink_s=time.monotonic() - t0,
+               shrunk_fails=helpers.every_collective(new, members, "shrunk", put=put, get=get))
+    return out
+
+
 def main() -> None:
     step = sys.argv[1]
     timeout = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0

@@ -10,8 +10,9 @@ veth network), ranks of one host through its IPC mailboxes.
   the ranks on other hosts.
 * Faults only a network has: a node's cable cut in the middle of all-reduces is named (the lost host and its ranks)
   on every surviving rank within the stand-in's network timeout, well inside gpucoll's timeout, also by the ranks
-  that learn it from the first survivor to give up; a node killed with SIGKILL is named at once; a cable down for
-  2 s and back (a flap) is survived with exact results.
+  that learn it from the first survivor to give up; the survivors shrink to an NCCL communicator across the other
+  nodes, every collective exact; a node killed with SIGKILL is named at once; a cable down for 2 s and back (a
+  flap) is survived with exact results.
 The ranks run tests/multinode/nccl_rank.py.
 """
 
@@ -77,12 +78,13 @@ def test_every_collective_is_exact_across_nodes_and_on_the_split_by_node(nodes, 
             assert "leaders" not in seen
 
 
-def _start(c: Cluster, per_node: int, net_timeout_s: float, rank_env=None):
+def _start(c: Cluster, per_node: int, net_timeout_s: float, rank_env=None, step: str = "loop", env=None):
     """Every rank all-reduces (nccl_rank.loop) until one fails or the test writes the stop file; returns once all of
     them are running."""
     stop = os.path.join(c.workdir, "stop")
-    job = c.launch([sys.executable, RANK, "loop", str(TIMEOUT_S)], rank_env=rank_env,
-                   env=_env(per_node, NCCL_EMU_NET_TIMEOUT_MS=str(int(net_timeout_s * 1000)), STOP_FILE=stop))
+    job = c.launch([sys.executable, RANK, step, str(TIMEOUT_S)], rank_env=rank_env,
+                   env=_env(per_node, NCCL_EMU_NET_TIMEOUT_MS=str(int(net_timeout_s * 1000)), STOP_FILE=stop,
+                            **(env or {})))
     deadline = time.monotonic() + 60
     while sum('"ready"' in Path(out).read_text() for out, _ in job._logs) < c.world_size:
         assert all(code is None for code in job.poll()), "a rank exited before the fault"
@@ -139,6 +141,17 @@ def test_the_survivor_that_names_a_lost_host_first_tells_the_others():
         assert "gave up on the communicator" in seen["message"], seen["message"]
         assert f"lost host {c.hostnames[2]} (rank 2)" in seen["message"], seen["message"]
         assert exits[res.rank] < 5.0, exits
+
+
+def test_the_survivors_of_a_cut_shrink_to_an_nccl_communicator_across_the_other_nodes():
+    with Cluster(4, 1, shared_home=True) as c:
+        job, _ = _start(c, 1, NET_TIMEOUT_S, step="loop_then_shrink", env={"LOST": "2"})
+        c.cut(2)
+        results = job.wait(timeout=TIMEOUT_S + 30)
+    for res in (results[0], results[1], results[3]):
+        seen = _report(res)
+        assert seen["error"] == "NcclError", seen
+        assert seen["shrunk"] == [[0, 1, None, 2][res.rank], 3, "nccl"] and seen["shrunk_fails"] == [], seen
 
 
 def test_a_killed_node_is_named_at_once():
