@@ -280,3 +280,37 @@ def test_messages_of_many_chunks(monkeypatch):
     results = gpucoll.spawn(_chunked_worker, 3, backend="nccl", timeout=120.0)
     failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
     assert not failures, helpers.format_failures(failures)
+
+
+def test_every_peer_over_the_network_transport(monkeypatch):
+    """NCCL's NCCL_P2P_DISABLE=1 with NCCL_SHM_DISABLE=1 leaves ranks of one host nothing but the network: the
+    stand-in's socket transport (net.cc) then carries every peer, so it runs here without the multi-node fixture
+    (tests/multinode/test_nccl_nodes.py runs it between hosts). 64-byte chunks: many frames per message, wrapping
+    the receiver's slots."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("NCCL_SHM_DISABLE", "1")
+    monkeypatch.setenv("NCCL_EMU_CHUNK_BYTES", "64")
+    results = gpucoll.spawn(_chunked_worker, 3, backend="nccl", timeout=120.0)
+    failures = helpers.merge_rank_failures([{"f": r} for r in results], "f")
+    assert not failures, helpers.format_failures(failures)
+
+
+def test_the_unique_id_holds_the_interface_nccl_socket_ifname_names(monkeypatch):
+    """The bootstrap root listens where NCCL_SOCKET_IFNAME says (NCCL's grammar: prefixes, '=' exact, '^' to
+    exclude), for ranks on other hosts; a name that matches no interface fails ncclGetUniqueId with the reason."""
+    lib = stand_in()
+    lib.ncclGetLastError.restype = ctypes.c_char_p
+
+    def root_address(ifname: str):
+        monkeypatch.setenv("NCCL_SOCKET_IFNAME", ifname)
+        uid = ctypes.create_string_buffer(128)
+        if lib.ncclGetUniqueId(uid) != 0:
+            return lib.ncclGetLastError(None).decode()
+        # The id's layout (bootstrap.cc): magic, nonce, host hash (8 bytes each), the Unix name (48), the sockaddr.
+        family = int.from_bytes(uid.raw[72:74], "little")
+        return ".".join(str(b) for b in uid.raw[76:80]) if family == 2 else f"family {family}"
+
+    assert root_address("=lo") == "127.0.0.1"
+    assert root_address("lo") == "127.0.0.1"
+    assert "no usable network interface (NCCL_SOCKET_IFNAME=no-such-if)" in root_address("no-such-if")
+    assert root_address("^lo") != "127.0.0.1"  # the machine's first other interface (or none: then the reason)

@@ -86,8 +86,12 @@ RankInfo my_info(const Comm& c) {
 }
 
 static ncclResult_t check_gpus(const Comm& c, const std::vector<RankInfo>& all, std::string* error) {
+  const RankInfo& me = all[static_cast<size_t>(c.rank)];
   for (const RankInfo& other : all) {
-    if (other.rank == c.rank || other.device != c.device) continue;
+    // A GPU is one host's: device 0 of another host is another GPU (NCCL compares host hash and bus id).
+    if (other.rank == c.rank || other.device != c.device || std::strncmp(other.host, me.host, sizeof(me.host)) != 0) {
+      continue;
+    }
     if (!multi_rank_ok()) {
       *error = "Duplicate GPU detected: rank " + std::to_string(c.rank) + " and rank " + std::to_string(other.rank) +
                " both on CUDA device " + std::to_string(c.device) +
@@ -292,6 +296,12 @@ void release(Comm& c) {
     if (c.peer_ipc[r]) cudaIpcCloseMemHandle(c.peer_mailbox[r]);
   }
   c.peer_mailbox.clear();
+  std::string reason;
+  if (c.async.load() != ncclSuccess && c.async.load() != ncclInProgress) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    reason = c.error;
+  }
+  net_close(c, reason);
   if (c.mailbox != nullptr) cudaFree(c.mailbox);
   c.mailbox = nullptr;
   if (c.fork_event != nullptr) cudaEventDestroy(c.fork_event);

@@ -1,8 +1,10 @@
 // The unique id and the ranks' rendezvous, in the shape of NCCL's bootstrap: ncclGetUniqueId starts a root in the
 // calling process and writes its address into the id; every rank's init sends the root its record and gets back
-// everyone's, in rank order. The root is a thread listening on an abstract Unix socket (Linux; nothing on the file
-// system, gone with the process), which serves one communicator and exits. Ranks are processes of one machine, as
-// the emulated device's IPC requires.
+// everyone's, in rank order. The root is a thread that serves one communicator and exits. It listens on an abstract
+// Unix socket (Linux; nothing on the file system, gone with the process), which ranks on its own host use, and on a
+// TCP socket on the interface NCCL would pick (net.cc), which ranks on other hosts use, as NCCL's bootstrap does: the
+// id holds both addresses and a hash of the root's hostname to choose between them.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -32,7 +35,10 @@ constexpr char kIdMagic[8] = {'N', 'C', 'C', 'L', '-', 'E', 'M', 'U'};
 struct IdLayout {
   char magic[8];
   uint64_t nonce;
-  char name[104];  // the socket's abstract name (without the leading NUL)
+  uint64_t host_hash;  // of the root's hostname
+  char name[48];       // the Unix socket's abstract name (without the leading NUL)
+  uint8_t tcp[28];     // the TCP listener's sockaddr
+  uint32_t tcp_len;
 };
 static_assert(sizeof(IdLayout) <= sizeof(ncclUniqueId), "the id layout must fit NCCL's 128 bytes");
 
@@ -95,15 +101,26 @@ void reply_error(int fd, ncclResult_t status, const std::string& text) {
   send_all(fd, &r, sizeof(r));
 }
 
+uint64_t host_hash() {
+  char host[64];
+  my_host(host, sizeof(host));
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (size_t i = 0; i < sizeof(host) && host[i] != '\0'; ++i) {
+    h = (h ^ static_cast<unsigned char>(host[i])) * 1099511628211ull;
+  }
+  return h;
+}
+
 // Serves one communicator: waits for every rank's record, checks that they agree, sends each rank the table.
-void root_main(int listen_fd, uint64_t nonce) {
+void root_main(int unix_fd, int tcp_fd, uint64_t nonce) {
   std::vector<int> conns;
   std::vector<RankInfo> infos;
   int nranks = -1, joined = 0;
   while (nranks < 0 || joined < nranks) {
-    pollfd pfd{listen_fd, POLLIN, 0};
-    if (::poll(&pfd, 1, 1000) <= 0) continue;
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    pollfd pfd[2] = {{unix_fd, POLLIN, 0}, {tcp_fd, POLLIN, 0}};
+    if (::poll(pfd, tcp_fd >= 0 ? 2 : 1, 1000) <= 0) continue;
+    const int from = (pfd[0].revents & POLLIN) ? unix_fd : tcp_fd;
+    const int fd = ::accept4(from, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     RankInfo info;
     if (!recv_all(fd, &info, sizeof(info), 10000, nullptr) || info.magic != nonce) {
@@ -141,7 +158,8 @@ void root_main(int listen_fd, uint64_t nonce) {
     if (send_all(fd, &ok, sizeof(ok))) send_all(fd, infos.data(), infos.size() * sizeof(RankInfo));
     ::close(fd);
   }
-  ::close(listen_fd);
+  ::close(unix_fd);
+  if (tcp_fd >= 0) ::close(tcp_fd);
 }
 
 }  // namespace
@@ -164,7 +182,19 @@ ncclResult_t make_unique_id(ncclUniqueId* id) {
     ::close(fd);
     return warn(ncclSystemError, std::string("ncclGetUniqueId: bootstrap root: ") + std::strerror(e));
   }
-  std::thread(root_main, fd, nonce).detach();
+  sockaddr_storage tcp{};
+  socklen_t tcp_len = sizeof(tcp);
+  std::string error;
+  const int tcp_fd = net_listen_on(&tcp, &tcp_len, &error);
+  if (tcp_fd < 0) {
+    ::close(fd);
+    return warn(ncclSystemError, "ncclGetUniqueId: bootstrap root: " + error);
+  }
+  layout.host_hash = host_hash();
+  std::memcpy(layout.tcp, &tcp, std::min<size_t>(tcp_len, sizeof(layout.tcp)));
+  layout.tcp_len = tcp_len;
+  info("bootstrap root listening on " + address_text(&tcp, tcp_len) + " and on this host's abstract socket");
+  std::thread(root_main, fd, tcp_fd, nonce).detach();
   std::memset(id, 0, sizeof(*id));
   std::memcpy(id->internal, &layout, sizeof(layout));
   return ncclSuccess;
@@ -181,17 +211,33 @@ ncclResult_t rendezvous(const ncclUniqueId& id, const RankInfo& mine_in, const s
   layout.name[sizeof(layout.name) - 1] = '\0';
   RankInfo mine = mine_in;
   mine.magic = layout.nonce;
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *error = std::string("socket: ") + std::strerror(errno);
-    return ncclSystemError;
+  if (mine.host[0] == '\0') my_host(mine.host, sizeof(mine.host));
+  // The root's own host: its Unix socket, as before the network existed; any other host: TCP.
+  const bool local = layout.host_hash == host_hash() && !net_forced();
+  sockaddr_storage tcp{};
+  std::memcpy(&tcp, layout.tcp, std::min<size_t>(layout.tcp_len, sizeof(tcp)));
+  int fd = -1, e = 0;
+  if (local) {
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *error = std::string("socket: ") + std::strerror(errno);
+      return ncclSystemError;
+    }
+    socklen_t len = 0;
+    const sockaddr_un a = address(layout.name, &len);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
+      e = errno;
+      ::close(fd);
+      fd = -1;
+    }
+  } else {
+    fd = net_dial(layout.tcp, layout.tcp_len, abort, &e);
+    if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // send_all below blocks
   }
-  socklen_t len = 0;
-  const sockaddr_un a = address(layout.name, &len);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
-    *error = std::string("cannot reach the bootstrap root (") + std::strerror(errno) +
+  if (fd < 0) {
+    *error = std::string("cannot reach the bootstrap root at ") +
+             (local ? "this host's abstract socket" : address_text(&tcp, layout.tcp_len)) + " (" + std::strerror(e) +
              "): the process that called ncclGetUniqueId exited, or this id was already used";
-    ::close(fd);
     return gpucoll::ncclRemoteError;
   }
   Reply reply{};

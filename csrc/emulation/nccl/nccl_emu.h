@@ -7,8 +7,10 @@
 //                 destroy, abort, asynchronous errors, the fault-injection entry point
 //   api_ops.cc    argument checks, groups, collectives, send/recv, premul-sum ops, and the launch of a group's work
 //                 onto the caller's streams (cudaLaunchHostFunc)
-//   bootstrap.cc  the unique id and the rendezvous of the ranks (an abstract Unix socket served by the process that
-//                 made the id, as NCCL's bootstrap root)
+//   bootstrap.cc  the unique id and the rendezvous of the ranks (served by the process that made the id, as NCCL's
+//                 bootstrap root: an abstract Unix socket for its own host, TCP for the others)
+//   net.cc        the network between hosts: interface choice, a TCP connection per pair of ranks on different
+//                 hosts, with the mailbox channel's semantics (NCCL's socket transport)
 //   transport.cc  per-rank mailboxes in IPC-shared device memory, one FIFO channel per ordered pair of ranks, and the
 //                 engine that runs a group's collectives and send/recv through them on the stream's own thread
 //   arith.cc      NCCL's arithmetic per dtype x op (fp16/bf16/fp8 rounding, integer avg as sum then divide)
@@ -19,10 +21,12 @@
 // on a communicator still in progress is ncclInvalidArgument; an argument error is returned at once and, for a
 // non-blocking communicator, kept as its asynchronous error. Operations of one communicator execute in the order they
 // were issued, whatever stream they are on (NCCL orders its kernels the same way). ncclCommAbort ends work that waits
-// for peers. Data moves only through device memory the ranks mapped with CUDA IPC, as NCCL's P2P transport does.
+// for peers. Data between ranks of one host moves only through device memory they mapped with CUDA IPC, as NCCL's P2P
+// transport does; between hosts only over TCP, as its socket transport does.
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -93,6 +97,7 @@ Fault::Kind fault_at_launch(int rank, ncclResult_t* code, int* op);
 
 // ---- the communicator --------------------------------------------------------------------------------------------
 struct Comm;
+struct NetLink;
 
 // A user-created reduction op (ncclRedOpCreatePreMulSum).
 struct UserOp {
@@ -157,6 +162,10 @@ struct RankInfo {
   uint64_t mailbox_bytes = 0;
   uint64_t chunk = 0;                // channel slot size (NCCL_EMU_CHUNK_BYTES), equal on every rank
   cudaIpcMemHandle_t handle{};
+  char host[64] = {};                // gethostname(): ranks of one host share mailboxes, others the network
+  uint8_t net_addr[28] = {};         // the sockaddr this rank's communicator listens on (net.cc)
+  uint32_t net_addr_len = 0;
+  uint64_t net_token = 0;            // what a connecting peer must present to that listener
 };
 
 struct Comm {
@@ -193,6 +202,11 @@ struct Comm {
   std::vector<uint64_t> recv_head;      // chunks consumed from each peer
   std::mutex release_mu;
   bool released = false;                // guarded by release_mu
+
+  // Network (net.cc): a connection per peer on another host (null for the others), and this rank's listener.
+  std::vector<std::shared_ptr<NetLink>> links;
+  int listen_fd = -1;
+  uint64_t net_token = 0;
 };
 
 // ncclConfig_t's blocking field (`fallback_blocking` where unset); false with `error` for a malformed config.
@@ -253,6 +267,40 @@ ncclResult_t transport_connect(Comm& c, const std::vector<RankInfo>& all, std::s
 // Runs `tasks` (one launch) on the calling thread. ncclSuccess, or ncclInternalError with `error` set for a protocol
 // failure (mismatched sizes between ranks); returns early, with ncclSuccess, once the communicator is aborted.
 ncclResult_t execute(Comm& c, const std::vector<Task>& tasks, std::string* error);
+
+// ---- net.cc ------------------------------------------------------------------------------------------------------
+// NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1: every peer, even on this host, over the network (and the bootstrap too).
+bool net_forced();
+// Whether two ranks share mailboxes (same hostname, unless NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1).
+bool same_host(const RankInfo& a, const RankInfo& b);
+// This machine's hostname into out[0..n), NUL-padded.
+void my_host(char* out, size_t n);
+// A listening TCP socket on the interface NCCL would choose, its address in *addr; -1 with `error`.
+int net_listen_on(sockaddr_storage* addr, socklen_t* len, std::string* error);
+std::string address_text(const void* addr, size_t len);
+// A TCP connection to addr (non-blocking, keepalives on); -1 with *err (errno) on failure, timeout (30 s) or abort.
+int net_dial(const void* addr, socklen_t len, const std::atomic<bool>& abort, int* err);
+// Fills `info`'s host and listener fields (transport_alloc).
+ncclResult_t net_listen(Comm& c, RankInfo* info, std::string* error);
+// Connects to every rank on another host (transport_connect); returns early, with ncclSuccess, on abort.
+ncclResult_t net_connect(Comm& c, const std::vector<RankInfo>& all, std::string* error);
+// Closes every connection; with a `reason` (the communicator failed), sends it to each peer still connected first.
+void net_close(Comm& c, const std::string& reason);
+// The channel to `peer` over the network, or null when it goes through the mailboxes.
+NetLink* net_link(Comm& c, int peer);
+// Why the link cannot be used any more (names the peer); empty while it can.
+const std::string& net_failure(const NetLink& l);
+// Writes what it can of the chunk src[0..n); true once all of it went out. Call again with the same chunk until then.
+bool net_push(NetLink& l, const char* src, size_t n);
+// Reads arrived chunks into free slots; whether any chunk completed.
+bool net_pull(NetLink& l);
+// The oldest arrived chunk (its size in *bytes), or null; net_pop frees it.
+const char* net_front(NetLink& l, size_t* bytes);
+void net_pop(NetLink& l);
+size_t net_buffered(const NetLink& l);  // chunks arrived and not yet popped
+bool net_gave_up(const NetLink& l);     // the peer's communicator failed (its goodbye arrived)
+// Sleeps up to timeout_ms for any link to become readable, writable (peers with sending[p]) or failed.
+void net_wait(Comm& c, const std::vector<bool>& sending, int timeout_ms);
 
 }  // namespace ncclemu
 

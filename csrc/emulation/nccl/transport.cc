@@ -15,6 +15,11 @@
 // streams of a phase progress together, so a group's sends and receives never wait on each other (NCCL's group
 // semantics) and the channels' bounded size cannot deadlock a phase. A reduction writes chunk k of its output only
 // after this rank sent chunk k of its input to every peer (the output may be the input: in-place operations).
+//
+// Peers on other hosts. Their channels are TCP connections with the same FIFO semantics (net.cc); a phase moves
+// them in the same loop, and waits in poll() on their sockets, at most 1 ms at a time so that mailbox peers of a
+// mixed communicator (whose doorbells a poll cannot see) still progress. A failed connection fails the phase with
+// ncclRemoteError naming the peer as soon as the phase needs data that will not come, or has data for it.
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -34,6 +39,7 @@ namespace ncclemu {
 namespace {
 
 using gpucoll::ncclInternalError;
+using gpucoll::ncclRemoteError;
 using gpucoll::ncclSuccess;
 using gpucoll::ncclUnhandledCudaError;
 
@@ -138,13 +144,18 @@ class Phase {
         progress |= pump_reduce();
         pending |= red_->done < red_->count;
       }
-      if (!error_->empty()) return ncclInternalError;
+      if (error_->empty()) check_links();
+      if (!error_->empty()) return code_;
       if (!pending) return ncclSuccess;
       if (c_.aborted.load(std::memory_order_acquire)) return ncclSuccess;
       if (progress) {
         idle = 0;
       } else if (++idle < 16) {
         std::this_thread::yield();
+      } else if (!c_.links.empty()) {
+        std::vector<bool> sending(static_cast<size_t>(c_.nranks));
+        for (int p = 0; p < c_.nranks; ++p) sending[static_cast<size_t>(p)] = !outs_[p].empty();
+        net_wait(c_, sending, 1);
       } else {
         sleep_on(c_.mailbox, seen);
       }
@@ -152,8 +163,40 @@ class Phase {
   }
 
  private:
+  // A failed connection whose peer this phase still needs: data to send, or more chunks to receive than arrived
+  // before the failure (a peer that finished its part and closed leaves them all). A peer whose communicator failed
+  // fails this one at once, whatever this phase needs: nothing on it can complete any more (ncclRemoteError).
+  void check_links() {
+    for (int p = 0; p < c_.nranks; ++p) {
+      NetLink* l = net_link(c_, p);
+      if (l == nullptr || net_failure(*l).empty()) continue;
+      size_t needed = 0;
+      for (const In& in : ins_[p]) needed += (in.bytes - in.got + chunk_bytes() - 1) / chunk_bytes();
+      if (red_) {
+        const size_t per_chunk = chunk_bytes() / type_size(red_->type);
+        needed += (red_->count - red_->done + per_chunk - 1) / per_chunk;
+      }
+      if (net_gave_up(*l) || !outs_[p].empty() || needed > net_buffered(*l)) {
+        *error_ = net_failure(*l);
+        code_ = ncclRemoteError;
+        return;
+      }
+    }
+  }
+
   bool pump_out(int peer) {
     bool progress = false;
+    if (NetLink* l = net_link(c_, peer)) {
+      while (!outs_[peer].empty()) {
+        Out& o = outs_[peer].front();
+        const size_t n = std::min(chunk_bytes(), o.bytes - o.sent);
+        if (!net_push(*l, o.src + o.sent, n)) break;
+        o.sent += n;
+        progress = true;
+        if (o.sent == o.bytes) outs_[peer].pop_front();
+      }
+      return progress;
+    }
     while (!outs_[peer].empty()) {
       Out& o = outs_[peer].front();
       char* box = c_.peer_mailbox[peer];
@@ -174,20 +217,34 @@ class Phase {
   }
 
   // The next chunk from `peer`, or null; checks it holds `want` bytes.
-  SlotHeader* arrived(int peer, size_t want) {
-    Ctl* k = ctl(c_.mailbox, peer);
-    const uint64_t head = c_.recv_head[peer];
-    if (load_acquire(&k->tail) == head) return nullptr;
-    SlotHeader* s = slot(c_.mailbox, c_.nranks, peer, head);
-    if (s->bytes != want && error_->empty()) {
-      *error_ = "rank " + std::to_string(peer) + " sent a chunk of " + std::to_string(s->bytes) + " bytes where rank " +
+  const char* arrived(int peer, size_t want) {
+    size_t bytes = 0;
+    const char* data = nullptr;
+    if (NetLink* l = net_link(c_, peer)) {
+      data = net_front(*l, &bytes);
+      if (data == nullptr && net_pull(*l)) data = net_front(*l, &bytes);
+      if (data == nullptr) return nullptr;
+    } else {
+      Ctl* k = ctl(c_.mailbox, peer);
+      const uint64_t head = c_.recv_head[peer];
+      if (load_acquire(&k->tail) == head) return nullptr;
+      SlotHeader* s = slot(c_.mailbox, c_.nranks, peer, head);
+      bytes = s->bytes;
+      data = slot_data(s);
+    }
+    if (bytes != want && error_->empty()) {
+      *error_ = "rank " + std::to_string(peer) + " sent a chunk of " + std::to_string(bytes) + " bytes where rank " +
                 std::to_string(c_.rank) + " expected " + std::to_string(want) +
                 ": the ranks issued different operations or counts";
     }
-    return s;
+    return data;
   }
 
   void consumed(int peer) {
+    if (NetLink* l = net_link(c_, peer)) {
+      net_pop(*l);
+      return;
+    }
     store_release(&ctl(c_.mailbox, peer)->head, ++c_.recv_head[peer]);
     ring(c_.peer_mailbox[peer]);
   }
@@ -197,9 +254,9 @@ class Phase {
     while (!ins_[peer].empty() && error_->empty()) {
       In& in = ins_[peer].front();
       const size_t n = std::min(chunk_bytes(), in.bytes - in.got);
-      SlotHeader* s = arrived(peer, n);
+      const char* s = arrived(peer, n);
       if (s == nullptr || !error_->empty()) break;
-      std::memcpy(in.dst + in.got, slot_data(s), n);
+      std::memcpy(in.dst + in.got, s, n);
       consumed(peer);
       in.got += n;
       progress = true;
@@ -228,9 +285,9 @@ class Phase {
           srcs[p] = r.self + r.done * es;
           continue;
         }
-        SlotHeader* s = arrived(p, n * es);
+        const char* s = arrived(p, n * es);
         if (s == nullptr || !error_->empty()) return progress;
-        srcs[p] = slot_data(s);
+        srcs[p] = s;
       }
       ncclemu::reduce(r.type, r.op, srcs.data(), c_.nranks, r.dst + r.done * es, n);
       for (int p = 0; p < c_.nranks; ++p) {
@@ -247,6 +304,7 @@ class Phase {
   std::vector<std::deque<In>> ins_;
   std::optional<Red> red_;
   std::string* error_;
+  ncclResult_t code_ = ncclInternalError;
 };
 
 const char* at(const void* p, size_t off) { return static_cast<const char*>(p) + off; }
@@ -385,7 +443,7 @@ ncclResult_t transport_alloc(Comm& c, RankInfo* info, std::string* error) {
   info->mailbox = reinterpret_cast<uint64_t>(p);
   info->mailbox_bytes = c.mailbox_bytes;
   info->chunk = chunk_bytes();
-  return ncclSuccess;
+  return net_listen(c, info, error);
 }
 
 ncclResult_t transport_connect(Comm& c, const std::vector<RankInfo>& all, std::string* error) {
@@ -402,6 +460,8 @@ ncclResult_t transport_connect(Comm& c, const std::vector<RankInfo>& all, std::s
     }
     if (static_cast<int>(r) == c.rank) {
       c.peer_mailbox[r] = c.mailbox;
+    } else if (!same_host(all[static_cast<size_t>(c.rank)], info)) {
+      continue;  // over the network only (net_connect below), even where IPC would reach it
     } else if (info.pid == static_cast<int32_t>(::getpid())) {
       c.peer_mailbox[r] = reinterpret_cast<char*>(info.mailbox);  // a rank of this process: its pointer is ours
     } else {
@@ -423,7 +483,7 @@ ncclResult_t transport_connect(Comm& c, const std::vector<RankInfo>& all, std::s
       c.peer_ipc[r] = true;
     }
   }
-  return ncclSuccess;
+  return net_connect(c, all, error);
 }
 
 ncclResult_t execute(Comm& c, const std::vector<Task>& tasks, std::string* error) {
