@@ -146,12 +146,15 @@ class Job:
         return [p.pid for r, p in enumerate(self.procs) if node is None or self.cluster.node_of(r) == node]
 
     def kill_node(self, node: int, sig: int = signal.SIGKILL) -> None:
-        """Signal every rank of `node` (SIGKILL: the node dies without a word)."""
-        for pid in self.pids(node):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        """Signal every rank of `node` (SIGKILL: the node dies without a word). A SIGKILL is preceded by SIGSTOP to
+        all of them, so that no rank of the node sees another die and reacts before its own turn."""
+        pids = self.pids(node)
+        for s in ((signal.SIGSTOP, sig) if sig == signal.SIGKILL else (sig,)):
+            for pid in pids:
+                try:
+                    os.kill(pid, s)
+                except ProcessLookupError:
+                    pass
 
     def poll(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
