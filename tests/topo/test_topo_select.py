@@ -384,3 +384,37 @@ def test_topo_cli_labels_per_node_rings_and_unknown_nic_speeds(tmp_path, capsys)
     (tmp_path / "t.json").write_text(json.dumps(doc))
     assert topo_cli.main(["--from-json", str(tmp_path / "t.json")]) == 0
     assert "# NIC mlx5_0 host 0 400 Gb/s, paths to GPUs:" in capsys.readouterr().out
+
+
+def test_tune_splits_a_series_with_two_regimes_into_pieces(tmp_path):
+    """A series that one line misses by more than tune.SPLIT_ABOVE (a protocol switch: another latency and
+    bandwidth from 256 KiB up) is fitted as size ranges, each with its own line ("pieces"), which the selector and
+    explain read by the call's size; a clean line stays one piece."""
+    from gpucoll.cli import explain, tune
+
+    doc = _bench_doc("nccl", "auto", "all_reduce", 8, 5e-6, 1 / 300e9)
+    steps, per_byte = _C_terms("nccl", "ring", 8)
+    for r in doc["results"]:
+        if r["size"] >= 256 << 10:
+            r["out_of_place"]["time"] = (steps * 40e-6 + r["size"] * per_byte / 100e9) * 1e6
+    fit = tune.fit([doc], link_class="NVL")["fits"]["nccl:ring@NVL"]
+    assert fit["max_rel_error"] < 1e-6 < tune.SPLIT_ABOVE < fit["one_line_max_rel_error"]
+    (piece,) = fit["pieces"]
+    assert piece["from_bytes"] == 256 << 10 and piece["a_s"] == pytest.approx(40e-6, rel=1e-6)
+    assert fit["a_s"] == pytest.approx(5e-6, rel=1e-6)
+    tuning = json.dumps({"fits": {"nccl:ring@NVL": fit}})
+    for size in (128 << 10, 256 << 10, 64 << 20):
+        c = T.select(load("h100_8x_nvsmi.txt"), "all_reduce", size, algo="nccl:ring", tuning=tuning)
+        a, b = explain.fit_at(fit, size)
+        assert c["seconds"] == pytest.approx(steps * a + size * per_byte * b, rel=1e-9)
+    assert "pieces" not in tune.fit([_bench_doc("nccl", "auto", "all_reduce", 8, 5e-6, 1 / 300e9)], "NVL")["fits"][
+        "nccl:ring@NVL"]
+    backwards = {"fits": {"nccl:ring@NVL": dict(fit, pieces=[piece, dict(piece, from_bytes=1)])}}
+    with pytest.raises(InvalidArgument, match="ascending from_bytes"):
+        T.select(load("h100_8x_nvsmi.txt"), "all_reduce", 8, tuning=json.dumps(backwards))
+
+
+def _C_terms(backend, algo, nranks):
+    from gpucoll import _C
+
+    return _C.topo_model_terms(backend, algo, "all_reduce", nranks, 0)
