@@ -191,6 +191,11 @@ def main(args) -> int:
         print(f"gpucoll-tune: --calibrate fits collectives with algorithms; {args.coll} has none", file=sys.stderr)
         return 2
     topo = topology.load(args.topology) if args.topology else topology.detect()
+    if topo.num_hosts > 1:
+        print(f"gpucoll-tune: --calibrate spawns its ranks on this machine; the topology has {topo.num_hosts} hosts: "
+              f"give one node's (the network is fitted from gpucoll-bench runs across nodes, --topology)",
+              file=sys.stderr)
+        return 2
     try:
         backends = _backends(args.backend)
         out = calibrate(args, topo, backends, started)

@@ -4,7 +4,8 @@ the fit, the tuning file, and the model's error on the measured sizes before and
 On the emulated device, with a topology that describes it wrongly (8x H100 over NVLink: the model expects
 microseconds; the NCCL stand-in on the CPU takes hundreds of them and more), the model starts far off; the sweep's
 fit brings every measured size within 10% of the measurement. Emulated timings are not GPU timings: what is tested
-is the mechanics (sweep, fit, file, predictions) and the wall-time bound, not any GPU figure.
+is the mechanics (sweep, fit, file, predictions) and the wall-time bound, not any GPU figure. On a GPU the same
+test checks the calibration against the GPU's own timings.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 
 import helpers
 import pytest
+
+from gpucoll import _C
 
 pytestmark = [pytest.mark.gpu, pytest.mark.spawns, pytest.mark.usefixtures("no_selection_env"),
               *helpers.timeout_mark(180)]
@@ -50,7 +53,7 @@ def test_calibration_stays_within_its_budget(calibrated):
     doc, wall, _, _ = calibrated
     cal = doc["calibration"]
     assert cal["wall_s"] <= BUDGET_S and wall <= BUDGET_S + INTERPRETER_S, (cal["wall_s"], wall)
-    assert cal["emulated"] is True and cal["rounds"]["nccl"] >= 3
+    assert cal["emulated"] is (_C.cuda_probe().get("emulated") is True) and cal["rounds"]["nccl"] >= 3
 
 
 def test_calibration_brings_a_badly_predicted_machine_within_ten_percent(calibrated):
@@ -59,8 +62,11 @@ def test_calibration_brings_a_badly_predicted_machine_within_ten_percent(calibra
     points = cal["points"]
     assert len(points) >= 5 and {p["backend"] for p in points} == {"nccl"}
     assert "nccl:ring@NVL" in doc["fits"]
-    # Before: the NVLink box's model against the emulated device is off by far more than half at every size.
-    assert all(abs(p["before_s"] / p["measured_s"] - 1) > 0.5 for p in points), points
+    # Before: the NVLink box's model against the emulated device is off by far more than half at every size. On a
+    # GPU (the GPU runner runs this test too) two ranks sharing one GPU may come near an NVLink pair's times: there
+    # only what the calibration reaches is checked.
+    if cal["emulated"]:
+        assert all(abs(p["before_s"] / p["measured_s"] - 1) > 0.5 for p in points), points
     # After: within 10% of the median measurement at the median size, and at every size within 10% or within
     # that size's own spread (half the interquartile range of its rounds): on a busy machine (the suite's other
     # workers) the medians themselves stray by more, and no line can be closer to a size than its repeats are.
@@ -68,7 +74,7 @@ def test_calibration_brings_a_badly_predicted_machine_within_ten_percent(calibra
     assert cal["error_after"]["median"] <= 0.10, "\n" + stdout
     assert all(e <= max(0.10, p["spread"]) for e, p in zip(errors, points)), "\n" + stdout
     assert cal["error_after"]["max"] == pytest.approx(max(errors))
-    assert "not GPU timings" in stdout and "with the tuning file" in stdout
+    assert ("not GPU timings" in stdout) == cal["emulated"] and "with the tuning file" in stdout
 
 
 def test_topo_and_explain_read_the_calibration(calibrated):

@@ -418,3 +418,21 @@ def _C_terms(backend, algo, nranks):
     from gpucoll import _C
 
     return _C.topo_model_terms(backend, algo, "all_reduce", nranks, 0)
+
+
+def test_calibrate_refuses_what_it_cannot_measure(tmp_path, capsys):
+    """gpucoll-tune --calibrate (tests/topo/test_calibrate.py runs it on a device): a budget too short for a sweep,
+    a topology of several hosts (its ranks run on this machine) and the host backend are refused in one line."""
+    from gpucoll.cli import tune
+
+    out = str(tmp_path / "t.json")
+    assert tune.main(["--calibrate", "--seconds", "2", "-o", out]) == 2
+    assert "leaves no time for a sweep" in capsys.readouterr().err
+    assert tune.main(["--calibrate", "--topology", str(FIX / "h100_2node_16x.json"), "-o", out]) == 2
+    assert "the topology has 2 hosts" in capsys.readouterr().err
+    assert tune.main(["--calibrate", "--backend", "host", "--topology", str(FIX / "pcie_2x_nvsmi.txt"), "-o", out]) == 2
+    assert "the host backend is fitted from gpucoll-bench" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune.main(["--calibrate", str(tmp_path / "x.json"), "-o", out])
+    assert "give no results files" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
