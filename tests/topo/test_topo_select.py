@@ -436,3 +436,23 @@ def test_calibrate_refuses_what_it_cannot_measure(tmp_path, capsys):
         tune.main(["--calibrate", str(tmp_path / "x.json"), "-o", out])
     assert "give no results files" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_tuned_nccl_fit_prices_the_algorithm_nccls_tuner_picks():
+    """gpucoll-bench runs NCCL as auto, so gpucoll-tune's "nccl:ring@NVL" is NCCL's own choice, measured: it prices
+    the candidate NCCL's tuner picks too where that is NVLS (8x H100 from 16 MiB), the one auto compares; keyed by
+    the ring alone it left those sizes at the default model after a calibration."""
+    from gpucoll import _C
+
+    t = load("h100_8x_nvsmi.txt")
+    tuning = json.dumps({"fits": {"nccl:ring@NVL": {"a_s": 1e-5, "b_s_per_byte": 1e-11, "source": "test"}}})
+    steps, per_byte = _C.topo_model_terms("nccl", "ring", "all_reduce", 8, 0)
+    for size in (1 << 20, 256 << 20):
+        c = T.select(t, "all_reduce", size, algo="nccl", tuning=tuning)
+        assert c["model"].startswith("tuned nccl:ring@NVL"), c
+        assert c["seconds"] == pytest.approx(steps * 1e-5 + per_byte * size * 1e-11, rel=1e-9)
+    assert T.select(t, "all_reduce", 256 << 20, algo="nccl", tuning=tuning)["algorithm"] == "nvls"
+    # Candidates NCCL does not pick keep their own model (a fit of NCCL's pick says nothing of a tree it skips).
+    tree = [c for c in T.candidates(t, "all_reduce", 256 << 20, tuning=tuning)
+            if c["backend"] == "nccl" and c["algorithm"] == "tree" and c["usable"]]
+    assert tree and all(not c["model"].startswith("tuned") for c in tree)
