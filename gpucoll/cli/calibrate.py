@@ -61,10 +61,17 @@ def _backends(asked: str) -> list[str]:
     return out
 
 
+def _candidates(topo, coll: str, n: int, nbytes: int, tuning: str = "") -> list:
+    """The model's candidates for n ranks placed as the sweep placed them: rank r on GPU r mod (the topology's
+    GPUs), so that ranks sharing a GPU (more ranks than GPUs, as on a one-GPU machine) are priced so."""
+    gpus = [r % topo.num_gpus for r in range(n)]
+    return _C.topo_candidates(topo, coll, nbytes, "float32", n, 1, True, True, True, tuning, gpus=gpus)
+
+
 def _link_class(topo, coll: str, n: int, backend: str, algo: str, nbytes: int) -> str:
     """The class the model prices this backend/algorithm's pattern with on this topology: the fit's key."""
     want = "ring" if backend == "nccl" else algo
-    for c in topology.candidates(topo, coll, nbytes, nranks_per_node=n):
+    for c in _candidates(topo, coll, n, nbytes):
         if c["backend"] == backend and c["algorithm"] == want and c["link_class"]:
             return c["link_class"]
     raise UsageError(f"the model has no {backend}:{want} on this topology for {n} ranks; give --link-class")
@@ -78,12 +85,14 @@ def _row_algo(row: dict) -> tuple[str, str]:
 def predict(topo, coll: str, n: int, backend: str, algo: str, nbytes: int, tuning: str) -> tuple[float, str]:
     """(seconds, model) the model gives the call the row measured: NCCL's own pick for NCCL rows, the named
     kernel for custom rows, the host algorithm for host rows."""
-    for c in topology.candidates(topo, coll, nbytes, nranks_per_node=n, tuning=tuning):
+    for c in _candidates(topo, coll, n, nbytes, tuning):
         if not c["usable"] or c["backend"] != backend:
             continue
         if (backend == "nccl" and c.get("nccl_auto")) or (backend != "nccl" and c["algorithm"] == algo):
-            return c["seconds"], c["model"]
-    return float("nan"), "not usable"
+            # The model has no time for some layouts (NCCL's ranks sharing one GPU): None, not an infinity that
+            # json would write as the non-JSON "Infinity" the selector's parser refuses.
+            return (c["seconds"] if math.isfinite(c["seconds"]) else None), c["model"]
+    return None, "not usable"
 
 
 def _spread(samples: list) -> float:
@@ -96,7 +105,7 @@ def _spread(samples: list) -> float:
 
 
 def _errors(points: list, key: str) -> dict:
-    errs = [abs(p[key] / p["measured_s"] - 1) for p in points if not math.isnan(p[key])]
+    errs = [abs(p[key] / p["measured_s"] - 1) for p in points if p[key] is not None]
     return {"median": statistics.median(errs), "max": max(errs)} if errs else {"median": None, "max": None}
 
 
@@ -150,12 +159,12 @@ def calibrate(args, topo, backends: list, started: float) -> dict:
     return out
 
 
-def _us(s: float) -> str:
-    return "-" if math.isnan(s) else f"{s * 1e6:.1f}"
+def _us(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e6:.1f}"
 
 
 def _err(p: dict, key: str) -> str:
-    return "-" if math.isnan(p[key]) else f"{(p[key] / p['measured_s'] - 1) * 100:+.0f}%"
+    return "-" if p[key] is None else f"{(p[key] / p['measured_s'] - 1) * 100:+.0f}%"
 
 
 def report(out: dict, stream=sys.stdout) -> None:
@@ -171,7 +180,7 @@ def report(out: dict, stream=sys.stdout) -> None:
               f"{_err(p, 'after_s'):>7}", file=stream)
     b, a = cal["error_before"], cal["error_after"]
     if b["median"] is not None:
-        within = sum(abs(p["after_s"] / p["measured_s"] - 1) <= 0.1 for p in cal["points"])
+        within = sum(p["after_s"] is not None and abs(p["after_s"] / p["measured_s"] - 1) <= 0.1 for p in cal["points"])
         print("# measured: the median of each size's rounds; spread: half their interquartile range, relative",
               file=stream)
         print(f"model error on the measured sizes: median {b['median'] * 100:.0f}%, worst {b['max'] * 100:.0f}% "

@@ -456,3 +456,19 @@ def test_a_tuned_nccl_fit_prices_the_algorithm_nccls_tuner_picks():
     tree = [c for c in T.candidates(t, "all_reduce", 256 << 20, tuning=tuning)
             if c["backend"] == "nccl" and c["algorithm"] == "tree" and c["usable"]]
     assert tree and all(not c["model"].startswith("tuned") for c in tree)
+
+
+def test_calibrate_prices_ranks_sharing_one_gpu():
+    """gpucoll-tune --calibrate places rank r on GPU r mod the GPUs (two ranks on a one-GPU machine, as the GPU
+    runner and the emulated device have): the fits' link classes come from that layout, and a time the model has
+    none for (NCCL's ranks sharing a GPU) is None in the file, not an infinity json would write as "Infinity"."""
+    from gpucoll.cli import calibrate
+
+    one = T.from_nvidia_smi("        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
+                            "GPU0     X      0-31            0               N/A\n")
+    assert calibrate._link_class(one, "all_reduce", 2, "custom", "ring", 1 << 20)
+    assert calibrate._link_class(one, "all_reduce", 2, "nccl", "", 1 << 20)
+    seconds, _ = calibrate.predict(one, "all_reduce", 2, "custom", "oneshot", 1 << 20, "")
+    assert seconds is not None and 0 < seconds < 1
+    nccl, _ = calibrate.predict(one, "all_reduce", 2, "nccl", "", 1 << 20, "")
+    assert nccl is None or 0 < nccl < 1
