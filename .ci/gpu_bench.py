@@ -9,6 +9,8 @@
                     against one bare kernel launch
     recorder_cost   the custom kernels at 8 B, P = 2 on one GPU, with their flight recorder on (the default) against
                     off (GPUCOLL_TRACE_BUFFER=0), runs alternating
+    calibration     gpucoll-tune --calibrate at P = 2 (up to 30 s): the model's error on the measured sizes before its
+                    tuning file and with it
 
 Every measurement runs in its own process, so that a crash is a named problem rather than the end of the phase.
 On gpucoll's emulated device the same code paths run at small sizes and every result is checked, but no timing is
@@ -215,6 +217,42 @@ def nccl_pair_problem() -> str:
     return ""
 
 
+def _calibration(emulated: bool, nccl_why: str, tmp: Path, seconds: float, problems: list) -> dict:
+    """gpucoll-tune --calibrate on this GPU (P = 2, the detected topology): the model's error on the sizes it
+    measured before its tuning file and with it (issue 34's 'a calibration a user can run in a minute'). Last and
+    with what is left of the budget, up to 30 s; tests/topo/test_calibrate.py checks the mechanics on the emulator."""
+    fig = {"what": "gpucoll-tune --calibrate, P = 2 on one GPU, the detected topology: the model's median and worst "
+                   "error on the measured sizes before the tuning file and with it, and the wall time used"}
+    if emulated:
+        fig["skipped"] = NOT_GPU + " (tests/topo/test_calibrate.py runs it there)"
+        return fig
+    if seconds < 10:
+        fig["skipped"] = f"{seconds:.0f} s of the budget left (needs 10)"
+        return fig
+    out = tmp / "calibration.json"
+    cmd = [sys.executable, "-X", "faulthandler", "-c", "import sys; from gpucoll.cli.tune import main; sys.exit(main())",
+           "--calibrate", "--seconds", f"{seconds:.0f}", "--nranks", "2", "--backend", "custom" if nccl_why else "auto",
+           "-o", str(out)]
+    print("$ gpucoll-tune", " ".join(cmd[5:]), flush=True)
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    except subprocess.TimeoutExpired:
+        problems.append(f"gpucoll-tune --calibrate --seconds {seconds:.0f} ran past {seconds + 60:.0f} s")
+        return fig
+    print(res.stdout[-6000:], res.stderr[-3000:], flush=True)
+    if not out.exists():
+        problems.append(f"gpucoll-tune --calibrate exited {res.returncode}: {(res.stderr or res.stdout)[-600:]}")
+        return fig
+    cal = json.loads(out.read_text())["calibration"]
+    b, f = cal["error_before"], cal["error_after"]
+    fig.update(budget_s=cal["budget_s"], wall_s=cal["wall_s"], rounds=cal["rounds"], before=b, after=f,
+               fits=sorted(json.loads(out.read_text())["fits"]), exit=res.returncode)
+    if b["median"] is not None:
+        fig["summary"] = (f"median {b['median'] * 100:.0f}% / worst {b['max'] * 100:.0f}% before, median "
+                          f"{f['median'] * 100:.1f}% / worst {f['max'] * 100:.1f}% after ({cal['wall_s']:.0f} s)")
+    return fig
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path)
@@ -340,6 +378,8 @@ def main() -> None:
                    runs={k: [round(v, 2) for v in vs] for k, vs in times.items()})
         fig["summary"] = f"on {on:.2f} us, off {off:.2f} us per call: {on / off:.4f}x"
     figures["recorder_cost"] = fig
+
+    figures["calibration"] = _calibration(a.emulated, nccl_why, tmp, min(30.0, end - time.time() - 8), problems)
     a.result.write_text(json.dumps({"figures": figures, "problems": problems}, indent=1, default=str))
     for pr in problems:
         print("PROBLEM:", pr, flush=True)

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algo/schedule.h"
@@ -54,6 +55,23 @@ struct Fit {
   double a_s = 0;
   double b_s_per_byte = 0;
   std::string source;
+  // Size ranges with a line of their own ("pieces" in the file, by ascending from_bytes): one straight line
+  // rarely holds from 4 KiB to 256 MiB (NCCL switches protocol, a CPU's caches overflow), so gpucoll-tune splits
+  // a series whose line misses by more than its bar. a_s/b_s_per_byte above hold below the first piece.
+  struct Piece {
+    double from_bytes = 0;
+    double a_s = 0;
+    double b_s_per_byte = 0;
+  };
+  std::vector<Piece> pieces;
+  // The (a_s, b_s_per_byte) that hold for a call of nbytes (the message size, as the selector is asked).
+  std::pair<double, double> at(double nbytes) const {
+    std::pair<double, double> ab{a_s, b_s_per_byte};
+    for (const Piece& p : pieces) {
+      if (nbytes >= p.from_bytes) ab = {p.a_s, p.b_s_per_byte};
+    }
+    return ab;
+  }
 };
 // What the published data says about one kind of NCCL path (nccl_interval.h): how far leave-one-system-out
 // predictions of that kind missed, and the inputs its systems span.

@@ -127,6 +127,19 @@ Tuning parse_tuning(const std::string& text, const std::string& what) {
     GPUCOLL_CHECK_ARG(f.a_s >= 0 && f.b_s_per_byte > 0, w, ": a_s must be >= 0 and b_s_per_byte > 0");
     const Json* src = kv.second.get("source");
     f.source = src ? src->as_string(w + ".source") : what;
+    if (const Json* pieces = kv.second.get("pieces")) {
+      for (const Json& j : pieces->as_array(w + ".pieces")) {
+        const std::string wp = w + ".pieces[" + std::to_string(f.pieces.size()) + "]";
+        Fit::Piece pc;
+        pc.from_bytes = j.at("from_bytes", wp).as_number(wp + ".from_bytes");
+        pc.a_s = j.at("a_s", wp).as_number(wp + ".a_s");
+        pc.b_s_per_byte = j.at("b_s_per_byte", wp).as_number(wp + ".b_s_per_byte");
+        GPUCOLL_CHECK_ARG(pc.a_s >= 0 && pc.b_s_per_byte > 0, wp, ": a_s must be >= 0 and b_s_per_byte > 0");
+        GPUCOLL_CHECK_ARG(f.pieces.empty() || pc.from_bytes > f.pieces.back().from_bytes, wp,
+                          ": pieces must come by ascending from_bytes");
+        f.pieces.push_back(pc);
+      }
+    }
     t.fits[kv.first] = f;
   }
   // The NCCL execution model's parameters by name (nccl_model.h), e.g. {"net_latency_s": 9e-5, "eta_net": 0.8}.

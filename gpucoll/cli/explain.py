@@ -40,6 +40,15 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def fit_at(fit: dict, nbytes: int) -> tuple[float, float]:
+    """A fit's (a_s, b_s_per_byte) for a call of nbytes: its "pieces" by size where it has them (cost.h Fit::at)."""
+    a, b = fit["a_s"], fit["b_s_per_byte"]
+    for piece in fit.get("pieces", []):
+        if nbytes >= piece["from_bytes"]:
+            a, b = piece["a_s"], piece["b_s_per_byte"]
+    return a, b
+
+
 def tuning_fits() -> tuple[str, dict]:
     """(path, fits) of GPUCOLL_TUNING_FILE, ("", {}) when unset. A file that cannot be read or parsed raises
     InvalidArgument naming it (the C++ core's parser checks it, as the selector would)."""
@@ -106,7 +115,8 @@ def explain(coll: str, nranks: int, nbytes: int, *, local_size: int = 0, root: i
         fit = fits.get(f"host:{algo}@SHM")
         terms = _C.topo_model_terms("custom", algo, coll, nranks, local_size or nranks) if fit else None
         if terms is not None:
-            row["seconds"] = terms[0] * fit["a_s"] + terms[1] * nbytes * fit["b_s_per_byte"]
+            a, b = fit_at(fit, nbytes)
+            row["seconds"] = terms[0] * a + terms[1] * nbytes * b
             row["model"] = "tuned"
             if fit.get("poor"):  # kept by gpucoll-tune --keep-poor-fits
                 row["model"] = f"tuned (poor fit: {_quality(fit)})"

@@ -76,6 +76,69 @@ def _rows(doc: dict):
                 yield row_backend, algo, r.get("collective") or coll, nranks, int(r["size"]), float(res["time"]) * 1e-6
 
 
+# A series whose one line misses a size by more than this is split into size ranges with a line each (the tuning
+# file's "pieces", cost.h Fit): NCCL switches protocol with size (LL, LL128, Simple: each its own latency and
+# bandwidth) and a CPU's caches overflow, so one line from 4 KiB to 256 MiB leaves the middle sizes 10-30% off
+# (the emulated device's NCCL stand-in: 13% at 16 MiB, 2026-11-28). Each range needs MIN_PIECE_SIZES sizes, so
+# that its line is fitted, not drawn through two points. Noise is not a regime, and splitting it would pass a fit
+# that should be rejected: where the one line does not describe the series (R^2 < MIN_R2), a split must at least
+# halve the worst error (a regime change does, scattered points do not).
+SPLIT_ABOVE = 0.1
+MIN_PIECE_SIZES = 3
+MAX_PIECES = 3
+
+
+def _line(A, times):
+    """(a, b, predictions): steps * a + bytes * b by least squares relative to each time, so that small and large
+    messages count alike (otherwise the largest sizes alone decide the line)."""
+    w = 1.0 / times
+    coef, *_ = np.linalg.lstsq(A * w[:, None], times * w, rcond=None)
+    a, b = float(max(coef[0], 0.0)), float(max(coef[1], 1e-15))
+    return a, b, A @ np.array([a, b])
+
+
+def _predict(A, sizes, pieces):
+    """Each point's time under pieces [(from_bytes, a, b), ...], ascending: a size takes the last piece it reaches,
+    and the first piece holds below its own from_bytes too (as cost.h Fit::at)."""
+    out = np.empty(len(sizes))
+    for i, s in enumerate(sizes):
+        chosen = pieces[0]
+        for p in pieces:
+            if s >= p[0]:
+                chosen = p
+        out[i] = A[i] @ np.array(chosen[1:])
+    return out
+
+
+def _pieces(A, sizes, times, pieces, gain: float):
+    """Split the worst range in two where that lowers the worst error most (to below `gain` times what it was),
+    while a range misses by more than SPLIT_ABOVE and MAX_PIECES allows; the first piece's from_bytes is reported
+    as 0 (it holds below too)."""
+    while len(pieces) < MAX_PIECES:
+        bounds = [p[0] for p in pieces] + [float("inf")]
+        worst_i, worst_err = None, SPLIT_ABOVE
+        for i in range(len(pieces)):
+            m = (sizes >= bounds[i]) & (sizes < bounds[i + 1])
+            err = float(np.max(np.abs(_predict(A[m], sizes[m], [pieces[i]]) - times[m]) / times[m]))
+            if err > worst_err and len(set(sizes[m])) >= 2 * MIN_PIECE_SIZES:
+                worst_i, worst_err = i, err
+        if worst_i is None:
+            break
+        m = (sizes >= bounds[worst_i]) & (sizes < bounds[worst_i + 1])
+        distinct = sorted(set(sizes[m]))
+        best = None
+        for cut in distinct[MIN_PIECE_SIZES:len(distinct) - MIN_PIECE_SIZES + 1]:
+            lo, hi = m & (sizes < cut), m & (sizes >= cut)
+            (a0, b0, p0), (a1, b1, p1) = _line(A[lo], times[lo]), _line(A[hi], times[hi])
+            err = max(float(np.max(np.abs(p0 - times[lo]) / times[lo])), float(np.max(np.abs(p1 - times[hi]) / times[hi])))
+            if best is None or err < best[0]:
+                best = (err, (bounds[worst_i], a0, b0), (float(cut), a1, b1))
+        if best is None or best[0] >= gain * worst_err:
+            break
+        pieces = pieces[:worst_i] + [best[1], best[2]] + pieces[worst_i + 1:]
+    return [(0.0, pieces[0][1], pieces[0][2])] + pieces[1:]
+
+
 def fit(docs, link_class: str = "", local: int = 0, keep_poor: bool = False) -> dict:
     """{"fits": ..., "rejected": ..., "skipped": [...]}: fits that fail MIN_R2 or MAX_REL_ERROR go to "rejected"
     (with "problem"), or with keep_poor stay in "fits" marked "poor"."""
@@ -105,20 +168,21 @@ def fit(docs, link_class: str = "", local: int = 0, keep_poor: bool = False) -> 
         steps, per_byte = terms
         sizes = np.array([p[0] for p in pts], dtype=float)
         times = np.array([p[1] for p in pts], dtype=float)
-        # Columns: steps (latency term) and bytes moved per rank (bandwidth term). Relative weighting: small
-        # and large messages count alike, otherwise the largest sizes alone decide the line.
+        # Columns: steps (latency term) and bytes moved per rank (bandwidth term).
         A = np.stack([np.full_like(sizes, steps), sizes * per_byte], axis=1)
-        w = 1.0 / times
-        coef, *_ = np.linalg.lstsq(A * w[:, None], times * w, rcond=None)
-        a, b = float(max(coef[0], 0.0)), float(max(coef[1], 1e-15))
-        pred = A @ np.array([a, b])
-        ss_res = float(np.sum((times - pred) ** 2))
+        a, b, pred = _line(A, times)
         ss_tot = float(np.sum((times - times.mean()) ** 2)) or 1.0
+        line_r2 = 1 - float(np.sum((times - pred) ** 2)) / ss_tot
+        pieces = _pieces(A, sizes, times, [(float(sizes.min()), a, b)], 1.0 if line_r2 >= MIN_R2 else 0.5)
+        pred = _predict(A, sizes, pieces)
         worst = float(np.max(np.abs(pred - times) / times))
         key = f"{backend}:{algo}@{cls}"
-        entry = {"a_s": a, "b_s_per_byte": b, "collective": coll, "nranks": nranks, "points": len(pts),
-                 "r2": 1 - ss_res / ss_tot, "max_rel_error": worst,
+        entry = {"a_s": pieces[0][1], "b_s_per_byte": pieces[0][2], "collective": coll, "nranks": nranks,
+                 "points": len(pts), "r2": 1 - float(np.sum((times - pred) ** 2)) / ss_tot, "max_rel_error": worst,
                  "source": f"gpucoll-tune fit of {len(pts)} points ({coll}, {nranks} ranks)"}
+        if len(pieces) > 1:
+            entry["pieces"] = [{"from_bytes": lo, "a_s": pa, "b_s_per_byte": pb} for lo, pa, pb in pieces[1:]]
+            entry["one_line_max_rel_error"] = float(np.max(np.abs(A @ np.array([a, b]) - times) / times))
         problem = quality_problem(entry)
         if problem and keep_poor:
             fits[key] = dict(entry, poor=True, problem=problem)
@@ -158,26 +222,65 @@ def fit_network(docs, topo) -> dict | None:
     return out
 
 
+def print_fits(out: dict) -> None:
+    """The fit table on stdout, and one warning on stderr per fit that would mislead auto."""
+    print(f"{'entry':<32} {'a (us/step)':>12} {'b (ns/B)':>10} {'GB/s':>8} {'points':>7} {'R^2':>7} {'max err':>8}  "
+          f"fit")
+    entries = [(k, f, "POOR (kept: --keep-poor-fits)" if f.get("poor") else "good") for k, f in out["fits"].items()]
+    entries += [(k, f, "REJECTED") for k, f in out["rejected"].items()]
+    for key, f, verdict in entries:
+        print(f"{key:<32} {f['a_s'] * 1e6:>12.3f} {f['b_s_per_byte'] * 1e9:>10.4f} {1 / f['b_s_per_byte'] / 1e9:>8.2f} "
+              f"{f['points']:>7} {f['r2']:>7.4f} {f['max_rel_error'] * 100:>7.1f}%  {verdict}")
+    for key, f, verdict in entries:
+        if verdict != "good":
+            what = ("written to \"fits\" anyway: auto will use it" if f.get("poor") else
+                    "kept under \"rejected\", not \"fits\": auto keeps its default model for it")
+            print(f"gpucoll-tune: warning: {key} fits badly ({f['problem']}): {what}", file=sys.stderr)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpucoll-tune", formatter_class=HelpFormatter, description=(
         "Fit the cost model to measurements: time = steps * a + bytes * b per (backend, algorithm, link class),\n"
         "from gpucoll-bench --json runs; the tuning file it writes is read through GPUCOLL_TUNING_FILE."))
-    p.add_argument("results", nargs="+", help="gpucoll-bench --json files")
+    p.add_argument("results", nargs="*", help="gpucoll-bench --json files (none with --calibrate)")
     p.add_argument("-o", "--output", required=True, help="tuning JSON to write (use with GPUCOLL_TUNING_FILE)")
     p.add_argument("--link-class", default="", help="link class of GPU runs (NVL, PIX, PXB, PHB, NODE, SYS, NET, "
                    "as gpucoll-topo shows them); host runs are SHM")
     p.add_argument("--local-size", type=int, default=0, help="ranks per node of hierarchical runs (0: one node)")
     p.add_argument("--topology", metavar="FILE", help="one node's topology (any gpucoll-topo input): fit the NCCL "
-                   "model's network latency and efficiency from NCCL runs across nodes")
+                   "model's network latency and efficiency from NCCL runs across nodes; with --calibrate, the "
+                   "machine the model describes (default: detected, or GPUCOLL_TOPO_FILE)")
     p.add_argument("--keep-poor-fits", action="store_true", help=f"write fits below R^2 {MIN_R2:g} or above "
                    f"{MAX_REL_ERROR * 100:.0f}%% max error into \"fits\" too, marked \"poor\" (auto then uses them); "
                    "without it they go to \"rejected\", which nothing reads")
+    c = p.add_argument_group("calibration", (
+        "  gpucoll-tune --calibrate -o tuning.json: measure this machine for --seconds (a short sweep of each\n"
+        "  backend), fit it, and print each measured size's time as the model predicted it before and after"))
+    c.add_argument("--calibrate", action="store_true", help="run the sweep here instead of reading results")
+    c.add_argument("--seconds", type=float, default=60.0, help="wall-time budget of the whole calibration, "
+                   "the ranks' start-up included (default: 60)")
+    c.add_argument("--nranks", type=int, default=0, help="ranks to spawn (default: the topology's GPUs, at least 2)")
+    c.add_argument("--backend", default="auto", help="comma list of nccl, custom, host (default auto: nccl and "
+                   "custom where a GPU is usable, else host)")
+    c.add_argument("--coll", default="all_reduce", help="collective to sweep (default: all_reduce)")
+    c.add_argument("--min-bytes", default="4K", help="smallest size (default: 4K)")
+    c.add_argument("--max-bytes", default="256M", help="largest size; the sweep stops earlier where one call "
+                   "would take more than a sixtieth of the budget (default: 256M)")
     return p
 
 
 @reader_may_leave
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.calibrate:
+        if args.results:
+            parser.error("--calibrate measures this machine: give no results files")
+        from gpucoll.cli import calibrate  # the benchmark's modules, only when it runs
+
+        return calibrate.main(args)
+    if not args.results:
+        parser.error("give gpucoll-bench --json files, or --calibrate to measure this machine")
     docs = []
     for path in args.results:
         with open(path) as f:
@@ -199,19 +302,8 @@ def main(argv=None) -> int:
               "algorithm only some sizes: rerun gpucoll-bench with --algo all (every algorithm at every size)",
               file=sys.stderr)
         return 2
-    print(f"{'entry':<32} {'a (us/step)':>12} {'b (ns/B)':>10} {'GB/s':>8} {'points':>7} {'R^2':>7} {'max err':>8}  "
-          f"fit")
-    entries = [(k, f, "POOR (kept: --keep-poor-fits)" if f.get("poor") else "good") for k, f in out["fits"].items()]
-    entries += [(k, f, "REJECTED") for k, f in out["rejected"].items()]
-    for key, f, verdict in entries:
-        print(f"{key:<32} {f['a_s'] * 1e6:>12.3f} {f['b_s_per_byte'] * 1e9:>10.4f} {1 / f['b_s_per_byte'] / 1e9:>8.2f} "
-              f"{f['points']:>7} {f['r2']:>7.4f} {f['max_rel_error'] * 100:>7.1f}%  {verdict}")
-    for key, f, verdict in entries:
-        if verdict != "good":
-            what = ("written to \"fits\" anyway: auto will use it" if f.get("poor") else
-                    "kept under \"rejected\", not \"fits\": auto keeps its default model for it")
-            print(f"gpucoll-tune: warning: {key} fits badly ({f['problem']}): {what}", file=sys.stderr)
-    if any(verdict != "good" for *_, verdict in entries):
+    print_fits(out)
+    if any(f.get("poor") for f in out["fits"].values()) or out["rejected"]:
         print(f"gpucoll-tune: a fit needs R^2 >= {MIN_R2:g} and a max error <= {MAX_REL_ERROR * 100:.0f}%, or it would "
               f"mislead auto; for better fits, rerun gpucoll-bench on an idle machine with more iterations (-n 50) and "
               f"--algo all" + ("" if args.keep_poor_fits else " (--keep-poor-fits writes poor ones anyway)"),

@@ -384,3 +384,91 @@ def test_topo_cli_labels_per_node_rings_and_unknown_nic_speeds(tmp_path, capsys)
     (tmp_path / "t.json").write_text(json.dumps(doc))
     assert topo_cli.main(["--from-json", str(tmp_path / "t.json")]) == 0
     assert "# NIC mlx5_0 host 0 400 Gb/s, paths to GPUs:" in capsys.readouterr().out
+
+
+def test_tune_splits_a_series_with_two_regimes_into_pieces(tmp_path):
+    """A series that one line misses by more than tune.SPLIT_ABOVE (a protocol switch: another latency and
+    bandwidth from 256 KiB up) is fitted as size ranges, each with its own line ("pieces"), which the selector and
+    explain read by the call's size; a clean line stays one piece."""
+    from gpucoll.cli import explain, tune
+
+    doc = _bench_doc("nccl", "auto", "all_reduce", 8, 5e-6, 1 / 300e9)
+    steps, per_byte = _C_terms("nccl", "ring", 8)
+    for r in doc["results"]:
+        if r["size"] >= 256 << 10:
+            r["out_of_place"]["time"] = (steps * 40e-6 + r["size"] * per_byte / 100e9) * 1e6
+    fit = tune.fit([doc], link_class="NVL")["fits"]["nccl:ring@NVL"]
+    assert fit["max_rel_error"] < 1e-6 < tune.SPLIT_ABOVE < fit["one_line_max_rel_error"]
+    (piece,) = fit["pieces"]
+    assert piece["from_bytes"] == 256 << 10 and piece["a_s"] == pytest.approx(40e-6, rel=1e-6)
+    assert fit["a_s"] == pytest.approx(5e-6, rel=1e-6)
+    tuning = json.dumps({"fits": {"nccl:ring@NVL": fit}})
+    for size in (128 << 10, 256 << 10, 64 << 20):
+        c = T.select(load("h100_8x_nvsmi.txt"), "all_reduce", size, algo="nccl:ring", tuning=tuning)
+        a, b = explain.fit_at(fit, size)
+        assert c["seconds"] == pytest.approx(steps * a + size * per_byte * b, rel=1e-9)
+    assert "pieces" not in tune.fit([_bench_doc("nccl", "auto", "all_reduce", 8, 5e-6, 1 / 300e9)], "NVL")["fits"][
+        "nccl:ring@NVL"]
+    backwards = {"fits": {"nccl:ring@NVL": dict(fit, pieces=[piece, dict(piece, from_bytes=1)])}}
+    with pytest.raises(InvalidArgument, match="ascending from_bytes"):
+        T.select(load("h100_8x_nvsmi.txt"), "all_reduce", 8, tuning=json.dumps(backwards))
+
+
+def _C_terms(backend, algo, nranks):
+    from gpucoll import _C
+
+    return _C.topo_model_terms(backend, algo, "all_reduce", nranks, 0)
+
+
+def test_calibrate_refuses_what_it_cannot_measure(tmp_path, capsys):
+    """gpucoll-tune --calibrate (tests/topo/test_calibrate.py runs it on a device): a budget too short for a sweep,
+    a topology of several hosts (its ranks run on this machine) and the host backend are refused in one line."""
+    from gpucoll.cli import tune
+
+    out = str(tmp_path / "t.json")
+    assert tune.main(["--calibrate", "--seconds", "2", "-o", out]) == 2
+    assert "leaves no time for a sweep" in capsys.readouterr().err
+    assert tune.main(["--calibrate", "--topology", str(FIX / "h100_2node_16x.json"), "-o", out]) == 2
+    assert "the topology has 2 hosts" in capsys.readouterr().err
+    assert tune.main(["--calibrate", "--backend", "host", "--topology", str(FIX / "pcie_2x_nvsmi.txt"), "-o", out]) == 2
+    assert "the host backend is fitted from gpucoll-bench" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune.main(["--calibrate", str(tmp_path / "x.json"), "-o", out])
+    assert "give no results files" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_tuned_nccl_fit_prices_the_algorithm_nccls_tuner_picks():
+    """gpucoll-bench runs NCCL as auto, so gpucoll-tune's "nccl:ring@NVL" is NCCL's own choice, measured: it prices
+    the candidate NCCL's tuner picks too where that is NVLS (8x H100 from 16 MiB), the one auto compares; keyed by
+    the ring alone it left those sizes at the default model after a calibration."""
+    from gpucoll import _C
+
+    t = load("h100_8x_nvsmi.txt")
+    tuning = json.dumps({"fits": {"nccl:ring@NVL": {"a_s": 1e-5, "b_s_per_byte": 1e-11, "source": "test"}}})
+    steps, per_byte = _C.topo_model_terms("nccl", "ring", "all_reduce", 8, 0)
+    for size in (1 << 20, 256 << 20):
+        c = T.select(t, "all_reduce", size, algo="nccl", tuning=tuning)
+        assert c["model"].startswith("tuned nccl:ring@NVL"), c
+        assert c["seconds"] == pytest.approx(steps * 1e-5 + per_byte * size * 1e-11, rel=1e-9)
+    assert T.select(t, "all_reduce", 256 << 20, algo="nccl", tuning=tuning)["algorithm"] == "nvls"
+    # Candidates NCCL does not pick keep their own model (a fit of NCCL's pick says nothing of a tree it skips).
+    tree = [c for c in T.candidates(t, "all_reduce", 256 << 20, tuning=tuning)
+            if c["backend"] == "nccl" and c["algorithm"] == "tree" and c["usable"]]
+    assert tree and all(not c["model"].startswith("tuned") for c in tree)
+
+
+def test_calibrate_prices_ranks_sharing_one_gpu():
+    """gpucoll-tune --calibrate places rank r on GPU r mod the GPUs (two ranks on a one-GPU machine, as the GPU
+    runner and the emulated device have): the fits' link classes come from that layout, and a time the model has
+    none for (NCCL's ranks sharing a GPU) is None in the file, not an infinity json would write as "Infinity"."""
+    from gpucoll.cli import calibrate
+
+    one = T.from_nvidia_smi("        GPU0    CPU Affinity    NUMA Affinity   GPU NUMA ID\n"
+                            "GPU0     X      0-31            0               N/A\n")
+    assert calibrate._link_class(one, "all_reduce", 2, "custom", "ring", 1 << 20)
+    assert calibrate._link_class(one, "all_reduce", 2, "nccl", "", 1 << 20)
+    seconds, _ = calibrate.predict(one, "all_reduce", 2, "custom", "oneshot", 1 << 20, "")
+    assert seconds is not None and 0 < seconds < 1
+    nccl, _ = calibrate.predict(one, "all_reduce", 2, "nccl", "", 1 << 20, "")
+    assert nccl is None or 0 < nccl < 1
