@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 import time
 
-from gpucoll import topology
+from gpucoll import config, topology
 from gpucoll._native import _C
 from gpucoll.bench import cli as bench_cli
 from gpucoll.bench import harness, sweep
 from gpucoll.bench.args import parse_args
 from gpucoll.bench.usage import UsageError
-from gpucoll.cli import tune
 
 FIT_RESERVE_S = 2.0  # of the budget, kept for the ranks' exit, the fit, the predictions and writing the file
 BUDGET_FLOOR_S = 5.0  # below this the ranks' start-up alone can use the budget
@@ -77,8 +75,8 @@ def _link_class(topo, coll: str, n: int, backend: str, algo: str, nbytes: int) -
     raise UsageError(f"the model has no {backend}:{want} on this topology for {n} ranks; give --link-class")
 
 
-def _row_algo(row: dict) -> tuple[str, str]:
-    backend, algo = tune._row_algorithm(row, row.get("backend", ""))
+def _row_algo(tune, row: dict) -> tuple[str, str]:
+    backend, algo = tune.row_algorithm(row, row.get("backend", ""))
     return backend, algo
 
 
@@ -109,7 +107,7 @@ def _errors(points: list, key: str) -> dict:
     return {"median": statistics.median(errs), "max": max(errs)} if errs else {"median": None, "max": None}
 
 
-def calibrate(args, topo, backends: list, started: float) -> dict:
+def calibrate(args, topo, backends: list, started: float, tune) -> dict:
     """Sweep, fit, predict: the tuning document, with its "calibration" record."""
     n = args.nranks or max(2, topo.num_gpus)
     docs, skipped = [], []
@@ -128,7 +126,7 @@ def calibrate(args, topo, backends: list, started: float) -> dict:
     out: dict = {"format": "gpucoll-tuning", "version": 1, "fits": {}, "rejected": {}, "skipped": skipped}
     for doc in docs:
         row = doc["results"][len(doc["results"]) // 2]
-        backend, algo = _row_algo(row)
+        backend, algo = _row_algo(tune, row)
         cls = args.link_class or _link_class(topo, args.coll, n, backend, algo, int(row["size"]))
         got = tune.fit([doc], cls, keep_poor=args.keep_poor_fits)
         for k in ("fits", "rejected"):
@@ -139,7 +137,7 @@ def calibrate(args, topo, backends: list, started: float) -> dict:
     points = []
     for doc in docs:
         for row in doc["results"]:
-            backend, algo = _row_algo(row)
+            backend, algo = _row_algo(tune, row)
             measured = row["out_of_place"]["time"] * 1e-6
             before, _ = predict(topo, args.coll, n, backend, algo, int(row["size"]), before_text)
             after, model = predict(topo, args.coll, n, backend, algo, int(row["size"]), after_text or before_text)
@@ -149,7 +147,7 @@ def calibrate(args, topo, backends: list, started: float) -> dict:
                            "after_model": model})
     emulated = any(r.get("emulated") for d in docs for r in d["results"])
     out["calibration"] = {
-        "collective": args.coll, "nranks": n, "topology": args.topology or os.environ.get("GPUCOLL_TOPO_FILE") or
+        "collective": args.coll, "nranks": n, "topology": args.topology or config.get("GPUCOLL_TOPO_FILE") or
         "detected", "budget_s": args.seconds, "wall_s": round(time.time() - started, 3), "emulated": emulated,
         "rounds": {d["environment"]["backend"]: d["sweep"]["rounds"] for d in docs},
         "sweep": {d["environment"]["backend"]: d["sweep"] for d in docs},
@@ -189,8 +187,9 @@ def report(out: dict, stream=sys.stdout) -> None:
               f"rounds {cal['rounds']})", file=stream)
 
 
-def main(args) -> int:
-    """gpucoll-tune --calibrate (tune.main parsed the arguments)."""
+def main(args, tune) -> int:
+    """gpucoll-tune --calibrate: tune.main parsed the arguments and passes its fitting functions (`tune`: fit,
+    row_algorithm, print_fits), so that this module, which tune imports, does not import tune back."""
     started = time.time()
     if args.seconds < BUDGET_FLOOR_S:
         print(f"gpucoll-tune: --seconds {args.seconds:g} leaves no time for a sweep: at least {BUDGET_FLOOR_S:g}",
@@ -207,7 +206,7 @@ def main(args) -> int:
         return 2
     try:
         backends = _backends(args.backend)
-        out = calibrate(args, topo, backends, started)
+        out = calibrate(args, topo, backends, started, tune)
     except UsageError as e:
         print(f"gpucoll-tune: {e}", file=sys.stderr)
         return 2

@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
 
 import numpy as np
 
 from gpucoll import topology
 from gpucoll._help import HelpFormatter, reader_may_leave
 from gpucoll._native import _C
+from gpucoll.cli import calibrate
 
 # A fit below either bar is left out of "fits" (kept under "rejected"), where the selector would read it.
 # The selector picks the algorithm with the lowest predicted time, and near a crossover the candidates differ by
@@ -276,9 +278,8 @@ def main(argv=None) -> int:
     if args.calibrate:
         if args.results:
             parser.error("--calibrate measures this machine: give no results files")
-        from gpucoll.cli import calibrate  # the benchmark's modules, only when it runs
-
-        return calibrate.main(args)
+        return calibrate.main(args, types.SimpleNamespace(fit=fit, row_algorithm=_row_algorithm,
+                                                          print_fits=print_fits))
     if not args.results:
         parser.error("give gpucoll-bench --json files, or --calibrate to measure this machine")
     docs = []
