@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from gpucoll import _log, config
 from gpucoll._native import _C
-from gpucoll.errors import GpucollError, Unsupported
+from gpucoll.errors import GpucollError, RemoteError, Unsupported
 
 FORMAT = "gpucoll-trace"
 VERSION = 1
@@ -277,6 +277,8 @@ def on_failure(src: Source, store, err: GpucollError) -> None:
         entered = [r for r, s in enumerate(states) if s["entered"] >= failed["seq"] and not s["exited"]]
     else:  # a GPU backend: every rank, less those whose process this machine sees gone (no tail will come)
         entered = [r for r in range(world_size) if procs.get(r) != "exited"]
+    if isinstance(err, RemoteError):  # the ranks it names are gone (dead, or cut off): no tail will come from them
+        entered = [r for r in entered if r not in set(err.ranks or ())]
     mine = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "error": str(err),
             "realtime_minus_monotonic_ns": offset, "tail": trace["entries"][-TAIL:]}
     now_real = time.time_ns()  # the waits are measured up to the failure, not past the exchange below
@@ -284,6 +286,8 @@ def on_failure(src: Source, store, err: GpucollError) -> None:
     if store is not None and world_size > 1:
         prefix = f"gpucoll/trace/{key}/{failed['op']}/{failed['seq']}/"
         bound = exchange_bound(src.timeout)
+        if isinstance(err, RemoteError):  # the lost are named already: what the others were doing is a second's look
+            bound = min(bound, 1.0)
         t = threading.Thread(target=_publish_and_collect, name="gpucoll-trace-exchange", daemon=True,
                              args=(store, prefix, rank, json.dumps(mine).encode(), entered, bound, box))
         t.start()

@@ -30,6 +30,7 @@ from gpucoll._call_check import StoreCallCheck
 from gpucoll._native import _C
 from gpucoll.backends.base import FAST_OPS, Backend, plain_cuda_array
 from gpucoll.backends.nccl_arrivals import Arrivals
+from gpucoll.backends.nccl_liveness import Heartbeat
 from gpucoll.backends.nccl_plan import spawn_plan, version_text
 from gpucoll.backends.usable import (
     MULTI_RANK_ENV,
@@ -107,6 +108,7 @@ class Nccl(Backend):
         self._published = -1
         self._last_publish = 0.0
         self._stop = threading.Event()
+        self._heartbeat = Heartbeat(store, prefix, rank, world_size, timeout)  # names the lost (nccl_liveness.py)
         self._thread = threading.Thread(target=_watchdog_main, args=(weakref.ref(self), self._stop, self._poll_s),
                                         name=f"gpucoll-nccl-watchdog-r{rank}", daemon=True)
         self._thread.start()
@@ -139,6 +141,8 @@ class Nccl(Backend):
             if self._error is not None or self._failing:
                 return
             self._failing = True
+        if isinstance(err, NcclError) and "ncclRemoteError" in err.message:
+            err = self._heartbeat.name_lost(err, self._stop.wait)
         # The hang report first (bounded: a quarter of the timeout, at most 10 s): every later raise of `err`, a
         # synchronize() released by the abort below included, then carries where every rank is and the dump.
         trace = getattr(self.impl, "trace", None)  # tests stand in for the native communicator without one
@@ -362,6 +366,7 @@ class Nccl(Backend):
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=10.0)
+        self._heartbeat.close()
         self.impl.close()
         with self._lock:
             self._inflight.clear()

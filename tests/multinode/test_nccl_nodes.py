@@ -119,10 +119,15 @@ def test_a_cut_cable_mid_collective_is_named_on_every_survivor(nodes, per_node, 
         if res.rank in lost:
             continue  # the far side of the cut loses everyone
         seen = _report(res)
-        assert seen["error"] == "NcclError" and seen["fails"] in ([], [seen["ops"] - 1]), seen
+        assert seen["error"] == "RemoteError" and seen["fails"] in ([], [seen["ops"] - 1]), seen
         assert f"lost host {c.hostnames[victim]} ({lost_text})" in seen["message"], seen["message"]
-        # Named by the network's timeout (3 s), well before gpucoll's own (20 s): nothing waited for that.
-        assert NET_TIMEOUT_S - 0.5 < exits[res.rank] < NET_TIMEOUT_S + 3.0, exits
+        # The lost ranks as gpucoll itself names them, not from the stand-in's text: those whose heartbeat through
+        # the rendezvous store stood still (backends/nccl_liveness.py), so that shrink need not wait for them.
+        assert seen["ranks"] == lost, seen
+        # Seen by the network's timeout (3 s), named 2 s later (and a second's look at where the others are), well
+        # before gpucoll's own timeout (20 s).
+        if res.rank != 0:  # rank 0 stays a while after its error (it serves the store)
+            assert NET_TIMEOUT_S - 0.5 < exits[res.rank] < NET_TIMEOUT_S + 6.0, exits
 
 
 def test_the_survivor_that_names_a_lost_host_first_tells_the_others():
@@ -136,11 +141,11 @@ def test_the_survivor_that_names_a_lost_host_first_tells_the_others():
         results = job.wait(timeout=5)
     for res in (results[1], results[3]):
         seen = _report(res)
-        assert seen["error"] == "NcclError", seen
+        assert seen["error"] == "RemoteError" and seen["ranks"] == [2], seen
         assert f"rank 0 (host {c.hostnames[0]}" in seen["message"], seen["message"]
         assert "gave up on the communicator" in seen["message"], seen["message"]
         assert f"lost host {c.hostnames[2]} (rank 2)" in seen["message"], seen["message"]
-        assert exits[res.rank] < 5.0, exits
+        assert exits[res.rank] < 8.0, exits
 
 
 def test_the_survivors_of_a_cut_shrink_to_an_nccl_communicator_across_the_other_nodes():
@@ -150,8 +155,10 @@ def test_the_survivors_of_a_cut_shrink_to_an_nccl_communicator_across_the_other_
         results = job.wait(timeout=TIMEOUT_S + 30)
     for res in (results[0], results[1], results[3]):
         seen = _report(res)
-        assert seen["error"] == "NcclError", seen
+        assert seen["error"] == "RemoteError" and seen["ranks"] == [2], seen
         assert seen["shrunk"] == [[0, 1, None, 2][res.rank], 3, "nccl"] and seen["shrunk_fails"] == [], seen
+        # shrink() without exclude=: the error named rank 2, so nobody waited for it (gpucoll's timeout is 20 s).
+        assert seen["shrink_s"] < 5.0, seen
 
 
 def test_a_killed_node_is_named_at_once():
@@ -163,10 +170,12 @@ def test_a_killed_node_is_named_at_once():
         results = job.wait(timeout=5)
     for res in results[:2]:
         seen = _report(res)
-        assert seen["error"] == "NcclError" and seen["fails"] in ([], [seen["ops"] - 1]), seen
+        assert seen["error"] == "RemoteError" and seen["fails"] in ([], [seen["ops"] - 1]), seen
+        assert seen["ranks"] == [2, 3], seen
         assert re.search(r"rank [23] \(host " + re.escape(c.hostnames[1]), seen["message"]), seen["message"]
         assert "closed its connection" in seen["message"]
-        assert exits[res.rank] < 2.0, exits
+        if res.rank != 0:  # rank 0 stays a while after its error (it serves the store)
+            assert exits[res.rank] < 5.0, exits
     assert [res.returncode for res in results[2:]] == [-9, -9]
 
 
