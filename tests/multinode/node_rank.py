@@ -45,6 +45,25 @@ def _get(a) -> np.ndarray:
     return a.to(torch.float32).numpy()
 
 
+def _all_reduce_exact(comm, dtype: str, op: str, count: int, seed: int, in_place: bool) -> list:
+    """all_reduce into a sentinel-filled out=, and in place where asked, against the exact reference."""
+    r, n = comm.rank, comm.world_size
+    inputs = [helpers.make_input(dtype, op, count, q, n, seed=seed) for q in range(n)]
+    want = np.asarray(helpers.reference(inputs, dtype, op), np.float64)
+    fails = []
+    out = _put(np.full(count, SENTINEL), dtype)
+    comm.all_reduce(_put(inputs[r], dtype), out=out, op=op)
+    why = helpers.compare_exact(_get(out).astype(np.float64), want)
+    if why:
+        fails.append(f"all_reduce {dtype} x {count} {op} out=: {why}")
+    if in_place:
+        x = _put(inputs[r], dtype)
+        comm.all_reduce(x, op=op)
+        if not np.array_equal(_get(x).astype(np.float64), want):
+            fails.append(f"all_reduce {dtype} x {count} {op} in place")
+    return fails
+
+
 def host(comm) -> dict:
     r, n = comm.rank, comm.world_size
     try:  # bfloat16 arrays are torch tensors (a job under MPI may run without torch)
@@ -61,27 +80,10 @@ def host(comm) -> dict:
         if dtype == "bfloat16" and not bf16:
             continue
         for op in helpers.OPS:
-            inputs = [helpers.make_input(dtype, op, count, q, n, seed=11) for q in range(n)]
-            want = helpers.reference(inputs, dtype, op)
-            out = _put(np.full(count, SENTINEL), dtype)
-            comm.all_reduce(_put(inputs[r], dtype), out=out, op=op)
-            why = helpers.compare_exact(_get(out).astype(np.float64), np.asarray(want, np.float64))
-            if why:
-                fails.append(f"all_reduce {dtype} x {count} {op}: {why}")
-    count = 1003
+            fails += _all_reduce_exact(comm, dtype, op, count, seed=11, in_place=False)
     for dtype in _DTYPES if bf16 else _DTYPES[:-1]:
         for op in helpers.OPS:
-            inputs = [helpers.make_input(dtype, op, count, q, n, seed=7) for q in range(n)]
-            want = helpers.reference(inputs, dtype, op)
-            out = _put(np.full(count, SENTINEL), dtype)
-            comm.all_reduce(_put(inputs[r], dtype), out=out, op=op)
-            why = helpers.compare_exact(_get(out).astype(np.float64), np.asarray(want, np.float64))
-            if why:
-                fails.append(f"all_reduce {dtype} {op} out=: {why}")
-            x = _put(inputs[r], dtype)
-            comm.all_reduce(x, op=op)  # in place
-            if not np.array_equal(_get(x).astype(np.float64), np.asarray(want, np.float64)):
-                fails.append(f"all_reduce {dtype} {op} in place")
+            fails += _all_reduce_exact(comm, dtype, op, 1003, seed=7, in_place=True)
         block = [(np.arange(5 * n) % 11 + q + 1).astype(np.float64) for q in range(n)]
         got = _get(comm.reduce_scatter(_put(block[r], dtype)))
         if not np.array_equal(got, sum(block)[r * 5:(r + 1) * 5]):
