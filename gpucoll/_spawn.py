@@ -110,7 +110,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: Sequence[Any] = (), backend
         # (The CUDA probe initialises the driver in this process, which is safe: workers are spawned, not forked.)
         planned, worker_env = nccl.spawn_plan(nranks, backend)
         # 'auto' that can use NCCL stays 'auto' in the workers, so that their communicators also take CPU buffers
-        # (backends/with_host.py), as init(backend='auto') does; the plan's environment makes NCCL work there.
+        # (backends/router.py), as init(backend='auto') does; the plan's environment makes NCCL work there.
         backend = "auto" if backend == "auto" and planned == "nccl" else planned
     elif backend == "custom":
         # Ranks beyond the GPU count share GPUs through CUDA IPC (correct, slow); NCCL, the fallback, may too.

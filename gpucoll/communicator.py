@@ -21,8 +21,8 @@ from gpucoll.backends.base import (
     REDUCE_SCATTER,
     SCATTER,
 )
+from gpucoll.backends.router import Router, host_maker
 from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
-from gpucoll.backends.with_host import WithHost, host_maker
 from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo
 from gpucoll.bootstrap.store import TCPStore
@@ -86,8 +86,8 @@ class Communicator:
         self._group_depth = 0
         self._group_refs: list = []  # buffers of the operations queued in the open group()
         self._ops = ops  # everything that depends on the backend (gpucoll/backends/base.py)
-        if make_host is not None:  # backend='auto' on a GPU: CPU buffers on a host communicator (with_host.py)
-            self._ops = WithHost(self._ops, make_host)
+        if make_host is not None:  # backend='auto' on a GPU: CPU buffers on a host communicator (router.py)
+            self._ops = Router(self._ops, make_host)
         # The host backend's one-call path for the commonest call, all_reduce(x) of a NumPy array in place.
         self._fast_all_reduce = getattr(self._ops, "fast_all_reduce", None)
 
@@ -276,7 +276,7 @@ class Communicator:
                    f"{self._backend} backend")
         return type(self)(rank=rank, world_size=size, backend=self._backend, ops=made, store=store,
                           timeout=self._timeout, make_host=host_maker(_store_launch(rank, size), store, self._timeout)
-                          if isinstance(self._ops, WithHost) else None)
+                          if isinstance(self._ops, Router) else None)
 
     def _native_shrink(self):
         """The backend's own shrink for groups.shrink (ncclCommShrink), where it can run now; else None."""
@@ -293,7 +293,7 @@ class Communicator:
         index = int(device.split(":")[1]) if device.startswith("cuda:") else None
         _log.debug(f"rank {self._rank} is rank {rank} of {size} in a new communicator of ranks {members}")
         return _build(_store_launch(rank, size), store, self._backend, self._timeout, 0, index, self._backend,
-                      with_host=isinstance(self._ops, WithHost))
+                      with_host=isinstance(self._ops, Router))
 
     def all_reduce(self, x, out=None, op="sum", algo="auto", *, compress=None, stream=None, async_op=False):
         """Reduce `x` element-wise across ranks with `op`; every rank gets the result.
@@ -583,7 +583,7 @@ class Communicator:
 def _build(launch, store, kind: str, timeout: float, local_size: int, device, requested: str = "auto",
            with_host: bool | None = None) -> Communicator:
     """This rank's backend over `store` (closed again if the backend cannot be built), wrapped in a Communicator.
-    `with_host`: CPU buffers go to a host communicator built on demand (backends/with_host.py); by default when
+    `with_host`: CPU buffers go to a host communicator built on demand (backends/router.py); by default when
     backend='auto' (and no GPUCOLL_BACKEND) resolved to a GPU backend."""
     kind, ops = backends.build(launch, store, kind, timeout, local_size, device, requested)
     _log.debug(f"communicator ready: rank {launch.rank}/{launch.world_size}, backend {kind} ({launch.launcher})")

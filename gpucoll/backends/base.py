@@ -5,7 +5,8 @@ on the backend happens behind this interface, and the Communicator names no back
 subclass of :class:`Backend` built by every rank together over the rendezvous store (``Backend.create``), with the
 backend's rules: which buffers it takes, how one call runs, what ``algo=`` may name, what an ``async_op=True`` call
 returns. It holds its native communicator as ``impl``: ``gpucoll._C.HostComm`` (host), ``NcclComm`` (nccl),
-``CustomComm`` (custom). Tests and tools reach the backend as ``Communicator._ops``.
+``CustomComm`` (custom). Tests and tools reach the backend as ``Communicator._ops`` (with backend='auto' on a GPU,
+``_ops`` is router.py's per-device Router, which holds the GPU backend and a host one and is neither).
 
 Adding a backend is one file in this package with a Backend subclass, and one line in the registry (__init__.py).
 """

@@ -401,7 +401,7 @@ def battery(comm, kind: str, dtypes, ops_for) -> dict:
         for op in ops_for(dtype):
             run(f"reduce/{dtype}/{op_name(op)}", reductions, comm, A, dtype, op)
         run(f"move/{dtype}", movement, comm, A, dtype)
-    native = getattr(comm._ops, "gpu", comm._ops).native  # gpucoll.init's backend='auto' wraps it (WithHost)
+    native = getattr(comm._ops, "gpu", comm._ops).native  # gpucoll.init's backend='auto' routes through it (backends/router.py)
     native._set_prefer_native(False)  # the grouped send/recv that NCCL < 2.28 needs
     try:
         for dtype in ("float32", "int8", "bfloat16"):

@@ -1,5 +1,5 @@
 """backend='auto' on a GPU (or gpucoll's emulated device): CUDA buffers on the GPU backend, CPU buffers on a host
-communicator built on first use (gpucoll/backends/with_host.py), as torch's default group pairs NCCL with gloo.
+communicator built on first use (gpucoll/backends/router.py), as torch's default group pairs NCCL with gloo.
 
 3 ranks share the device (NCCL's multi-rank mode, set by spawn): every collective exact on NumPy arrays and on
 DeviceArrays of the same communicator, a group mixing both, the same on a split child, x and out in different

@@ -1,4 +1,5 @@
-"""backend='auto' on a GPU machine: CUDA buffers on the GPU backend (nccl or custom), CPU buffers on the host backend.
+"""The per-device router of backend='auto' on a GPU machine: CUDA buffers go to the GPU backend (nccl or custom), CPU
+buffers to the host backend, as torch.distributed's process groups route a call by its tensors' device type.
 
 torch.distributed's default group does the same (gloo for CPU tensors, NCCL for CUDA ones), and without it the
 first NumPy example a user tries fails on any GPU machine, where 'auto' picks NCCL. Explicit backends keep their
@@ -21,11 +22,11 @@ import numpy as np
 from gpucoll import _log
 from gpucoll.backends.base import Backend
 from gpucoll.backends.host import Host
-from gpucoll.errors import InvalidArgument, InvalidUsage
+from gpucoll.errors import InvalidArgument
 
 
 def host_maker(launch, store, timeout: float):
-    """WithHost's make_host: the host Backend of these ranks over `store`, built by every rank together."""
+    """Router's make_host: the host Backend of these ranks over `store`, built by every rank together."""
     def make_host():
         host = Host.create(launch, store, timeout=timeout, local_size=0, device=None)
         _log.debug(f"rank {launch.rank}: CPU buffers run on a host communicator (backend='auto' on a GPU)")
@@ -33,25 +34,33 @@ def host_maker(launch, store, timeout: float):
     return make_host
 
 
-class WithHost(Backend):
-    """A GPU backend, with a host backend built on demand for CPU buffers (see the module docstring)."""
+class Router:
+    """A communicator's backends by device type: the GPU backend for CUDA buffers, a host backend built on demand
+    for CPU buffers (see the module docstring). It holds the backends and is none of them: it forwards each call to
+    the one the call's buffer belongs to, and everything that is not about a buffer (group membership, splits, the
+    flight recorder, stragglers) to the GPU backend, the one training steps synchronise on."""
 
     on_gpu = True
 
-    def __init__(self, gpu: Backend, make_host):
-        """`gpu`: the communicator's Backend; `make_host()`: the host Backend, built by every rank together."""
-        super().__init__(gpu.impl, rank=gpu.rank, world_size=gpu.world_size, local_size=gpu.local_size,
-                         selector=gpu.selector, chosen=gpu.chosen)
-        self.name = gpu.name
+    def __init__(self, gpu, make_host):
+        """`gpu`: the communicator's GPU Backend; `make_host()`: the host Backend, built by every rank together."""
         self.gpu, self.host = gpu, None
         self._make_host = make_host
         self._depth = 0  # group() nesting
         self._stack = None  # the outermost group's contexts, while it is open
         self._host_grouped = False
 
-    @classmethod
-    def create(cls, launch, store, *, timeout: float, local_size: int, device):
-        raise InvalidUsage("WithHost wraps a built backend; it is not in the registry")
+    @property
+    def name(self) -> str:
+        return self.gpu.name
+
+    @property
+    def impl(self):
+        return self.gpu.impl
+
+    @property
+    def selector(self):
+        return self.gpu.selector
 
     def _for(self, buf) -> Backend:
         if buf.device != "cpu":
