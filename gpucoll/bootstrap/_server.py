@@ -40,7 +40,7 @@ import time
 from gpucoll import errors
 from gpucoll.bootstrap import _wire as w
 from gpucoll.bootstrap._conn import Conn, Limits
-from gpucoll.bootstrap._liveness import host_identity, pid_exited
+from gpucoll.bootstrap._liveness import Members
 from gpucoll.bootstrap._waits import Waiter, Waits
 from gpucoll.errors import RemoteError
 
@@ -74,7 +74,6 @@ class Server:
                                      f"(errno {e.errno})", call=f"bind({sockaddr!r})") from None
         self._lsock.setblocking(False)
         self.address = self._lsock.getsockname()
-        self._identity = host_identity()
         self._data: dict = {}
         self._refused: dict = {}  # address -> connections refused for a wrong secret (_note_refused)
         self._conns: set = set()
@@ -82,10 +81,8 @@ class Server:
         self._receiving: set = set()  # connections in the middle of a frame
         self._waits = Waits(self._data)
         self._pinned: dict = {}  # id(value) -> [value, replies holding it]: stored values in flight, counted once
-        self._ranks: dict = {}  # rank -> live registered connections
-        self._suspects: dict = {}  # rank -> (pid or None, local, since): closed without a goodbye
-        self._lost: dict = {}  # rank -> why
-        self._told: set = set()  # ranks sent a lost reply, or gone (no live connection left)
+        self._members = Members(self.limits.lost_grace)
+        self._lost = self._members.lost  # rank -> why
         self._buffered = 0
         self._warned: dict = {}  # message kind -> (last time, warnings skipped since): the rate limit
         self._dropped: dict = {}  # kind -> connections dropped for it
@@ -130,7 +127,7 @@ class Server:
         deadline = self._waits.next_deadline()
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
-        if self._pending or self._receiving or self._suspects:
+        if self._pending or self._receiving or self._members.suspects:
             timeout = min(timeout, 0.02)
         return timeout
 
@@ -143,7 +140,7 @@ class Server:
             self._drop(conn, f"no authentication within {self.limits.handshake_timeout:g} s", "slow")
         for conn in [c for c in self._receiving if now - c.frame_since > self.limits.frame_timeout]:
             self._drop(conn, f"a frame did not arrive whole within {self.limits.frame_timeout:g} s", "slow")
-        if self._suspects:
+        if self._members.suspects:
             self._judge_suspects(now)
 
     # -- connections ----------------------------------------------------------------------------------------------
@@ -360,30 +357,13 @@ class Server:
             self._unpark(conn.waiter)
             conn.waiter = None
         if conn.rank is not None:
-            live = self._ranks.get(conn.rank)
-            if live is not None:
-                live.discard(conn)
-                if not live:
-                    del self._ranks[conn.rank]
-                    self._told.add(conn.rank)
-                    if not conn.clean and not self._closed:
-                        self._suspects[conn.rank] = (conn.pid, conn.local, time.monotonic())
-                        self._judge_suspects(time.monotonic())
+            for rank, reason in self._members.closed(conn, time.monotonic(), serving=not self._closed):
+                self._mark_lost(rank, reason)
 
     # -- liveness ---------------------------------------------------------------------------------------------------
     def _judge_suspects(self, now: float) -> None:
-        for rank, (pid, local, since) in list(self._suspects.items()):
-            if rank in self._ranks:  # it came back
-                del self._suspects[rank]
-            elif local and pid is not None and pid_exited(pid):
-                del self._suspects[rank]
-                self._mark_lost(rank, f"its process (pid {pid}) has exited")
-            elif now - since > self.limits.lost_grace:
-                del self._suspects[rank]
-                if local:
-                    continue  # alive on this host: it dropped the connection itself and will reconnect
-                self._mark_lost(rank, f"its connection closed and it did not reconnect within "
-                                      f"{self.limits.lost_grace:g} s")
+        for rank, why in self._members.judge(now):
+            self._mark_lost(rank, why)
 
     def _mark_lost(self, rank: int, why: str) -> None:
         self._lost[rank] = why
@@ -393,7 +373,7 @@ class Server:
 
     def _tell_lost(self, conn: Conn) -> bytes:
         if conn.rank is not None:
-            self._told.add(conn.rank)
+            self._members.told.add(conn.rank)
         return self._lost_reply()
 
     def _lost_reply(self) -> bytes:
@@ -462,10 +442,7 @@ class Server:
             r.end()
             if rank < 0 or not 0 < pid < 2**31:
                 raise w._ProtocolError(f"register: rank {rank}, pid {pid}")
-            conn.rank, conn.pid = rank, pid
-            conn.local = bool(identity) and identity == self._identity
-            self._ranks.setdefault(rank, set()).add(conn)
-            self._suspects.pop(rank, None)
+            self._members.register(conn, rank, pid, identity)
             out.u8(w._ST_OK)
         elif op == w._OP_BYE:
             failed = r.u8()
@@ -560,13 +537,13 @@ class Server:
         """Keeps serving, at most `seconds`, until every rank of [0, world_size) is lost, has been told who was, or
         has gone: a rank that is slow to connect or to ask still learns why the job failed (who was lost),
         instead of finding nobody listening."""
-        self._serve_until(seconds, lambda: set(range(world_size)) <= self._told | set(self._lost))
+        self._serve_until(seconds, lambda: set(range(world_size)) <= self._members.told | set(self._lost))
 
     def wait_for_ranks_to_leave(self, own: int | None, seconds: float) -> None:
         """Keeps serving, at most `seconds`, while a registered rank other than `own` still has a connection: a
         rank that came through the last barrier behind this one may still have a request on its way (the barrier's
         last arrival leaves at once; the others still wait for its 'done' key), and closing now would cut it off."""
-        self._serve_until(seconds, lambda: all(r == own for r in list(self._ranks)))
+        self._serve_until(seconds, lambda: all(r == own for r in list(self._members.live)))
 
     def _serve_until(self, seconds: float, done) -> None:
         # `done` reads the server thread's state without its lock: a dict changing size under list() is retried.
