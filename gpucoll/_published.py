@@ -1,8 +1,8 @@
 """The NCCL model held against published nccl-tests results (tests/fixtures/published/nccl_allreduce.json).
 
 Each system of the dataset names its wiring (a topology fixture plus what the source states: GPU model, CPU
-vendor, NIC rate, the GPUs used), its layout and what NCCL was asked for (``request``: ``nccl`` for NCCL's own
-choice, ``nccl:nvls`` for NCCL_ALGO=NVLS, ...). :func:`evaluate` predicts every point with the topology cost
+vendor, NIC rate, the GPUs used, P2P switched off by NCCL_P2P_DISABLE), its layout and what NCCL was asked for
+(``request``: ``nccl`` for NCCL's own choice, ``nccl:nvls`` for NCCL_ALGO=NVLS, ...). :func:`evaluate` predicts every point with the topology cost
 model and :func:`summary` gives the median and worst relative busbw error per class and role, which
 tests/topo/test_published_nccl.py asserts and ``python bench/published/accuracy.py`` prints.
 
@@ -49,12 +49,27 @@ def topology_of(system: dict, nodes: int):
     if spec.get("net_transport"):
         for n in d["nics"]:
             n["transport"] = spec["net_transport"]
+    local = spec.get("gpus") or list(range(system["ranks_per_node"]))
+    if spec.get("p2p") == "disabled":
+        _disable_p2p(d, local, system["id"])
     topo = T.from_json(json.dumps(d))
     if nodes > 1:
         topo = T.replicate(topo, nodes)
     per_host = len(T.to_dict(topo)["gpus"]) // max(nodes, 1)
-    local = spec.get("gpus") or list(range(system["ranks_per_node"]))
     return topo, [n * per_host + g for n in range(nodes) for g in local]
+
+
+def _disable_p2p(d: dict, gpus: list, sid: str) -> None:
+    """NCCL_P2P_DISABLE=1 as the pairs' P2P status: NCCL then stages every hop through host memory (SHM), as on
+    boards whose driver reports no P2P. A pair joined by NVLink cannot be stated this way: nvidia-smi shows NV#
+    for it and hides the PCIe path its staged bytes would take, so such a system needs that path from its source."""
+    used = set(gpus)
+    for link in d["links"]:
+        if link["a"] in used and link["b"] in used:
+            if link["class"] == "NVL":
+                raise ValueError(f"{sid}: p2p disabled between GPUs {link['a']} and {link['b']}, which the fixture "
+                                 "joins by NVLink: their PCIe path is not known")
+            link["p2p"] = "unsupported"
 
 
 def _pick(cands: list, request: str, disable=()):

@@ -23,9 +23,16 @@ TABLE = ROOT / "bench" / "published" / "loso_table.json"
 TARGET_MEDIAN, TARGET_WORST = 0.15, 0.50
 # Classes that miss the target today, each with why; the test fails when one meets it, so the list cannot go stale.
 KNOWN_MISSES = {
-    "pcie": "the only no-P2P system left out: its SHM efficiency falls back to the prior (NCCL's units over the "
-            "shared uplink), +46%",
+    "pcie": "the two no-P2P (SHM) pairs reach about 4 GB/s alike (gen-3 PIX 2080 Ti, gen-4 NODE A40) where the "
+            "model's share of the PCIe path differs 3x: each fitted on the other misses by -75% or +320%",
     "multinode": "AWS EFA (p4d) reaches 0.65 of its line rate at 1 GiB and less in between; nothing models why",
+}
+
+# Validated path kinds whose left-out intervals are wider than a factor 1.5 at the median, each with why.
+KNOWN_WIDE = {
+    "shm": "the two no-P2P pairs miss each other by a factor 4 (KNOWN_MISSES['pcie']): the width is the error",
+    "nvlink": "two bridged pairs of different architectures (A100 sm_80, A40 sm_86): each left out gets the "
+              "other's width plus the unseen-architecture term",
 }
 
 pytestmark = pytest.mark.usefixtures("no_selection_env")
@@ -51,12 +58,12 @@ def test_table_covers_the_dataset(doc, table):
 
 
 def test_one_fold_reproduces_the_table(doc, table):
-    # The fold without the no-P2P pair: the parameter only that system informs stays at its prior, so no
+    # The fold without the EFA system: the parameter only that system informs stays at its prior, so no
     # value fitted to the left-out system reaches its prediction.
-    sid = "autodl-2080ti-2x"
+    sid = "aws-p4d-efa-2node"
     rows = L.loso(doc, only=[sid])
     assert rows and all(r["system"] == sid for r in rows)
-    assert rows[0]["params"]["eta_shm"] == pytest.approx(L.PRIOR["eta_shm"], rel=0.02)
+    assert rows[0]["params"]["eta_efa"] == pytest.approx(L.PRIOR["eta_efa"], rel=0.02)
     want = {(r["size"], r["busbw"]): r["pred"] for r in table if r["system"] == sid}
     for r in rows:
         assert r["pred"] == pytest.approx(want[(r["size"], r["busbw"])], rel=0.02), r
@@ -99,10 +106,12 @@ def test_intervals_cover_left_out_systems(doc, table):
     ids = dict.fromkeys(r["system"] for r in cov)
     assert sum(all(r["covered"] for r in cov if r["system"] == i) for i in ids) >= 0.8 * len(ids)
     # No wider than needed: where a kind has validated evidence, half its left-out points get an interval
-    # within a factor 1.5 (the rest are widened for inputs none of the other systems had).
+    # within a factor 1.5 (the rest are widened for inputs none of the other systems had). The kinds that
+    # cannot be that narrow yet say why, and must stay wide (the list cannot go stale).
     for kind, v in L.table(table, doc, "kind").items():
         if v["validated"]:
-            assert statistics.median(r["spread"] for r in cov if r["kind"] == kind) < 0.41, kind
+            narrow = statistics.median(r["spread"] for r in cov if r["kind"] == kind) < 0.41
+            assert narrow != (kind in KNOWN_WIDE), f"{kind}: {KNOWN_WIDE.get(kind, 'expected narrow')}"
 
 
 def test_interval_widens_beyond_the_evidence():
@@ -133,7 +142,7 @@ def test_topo_cli_and_explain_show_the_interval(capsys):
     fix = str(ROOT / "tests" / "fixtures" / "topo" / "h100_8x_nvsmi.txt")
     assert topo_cli.main(["--from-nvidia-smi", fix, "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
-    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 7 published nvswitch" in out
+    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 10 published nvswitch" in out
     row = next(line for line in out.splitlines() if line.strip().startswith("1 GiB"))
     lo, hi = row.split()[7].split("-")
     assert float(lo) < float(row.split()[6]) < float(hi)

@@ -30,6 +30,9 @@ TARGET_MEDIAN, TARGET_WORST = 0.15, 0.40
 KNOWN_MISSES = {
     "aws-p4d-efa-2node": "EFA: NCCL runs Simple only (aws-ofi-nccl), which the model follows; the bandwidth it "
                          "reaches (0.65 of line rate at 1 GiB, less at 16-256 MiB) nothing models",
+    "llm-insights-a40-shm-pair": "host-staged (SHM) pair on its own root ports, PCIe gen 4: 3.6-4.0 GB/s, as the "
+                                 "gen-3 pair behind one switch (autodl, 4.0); the model prices SHM hops by their "
+                                 "share of the PCIe path (16 GB/s here), which 4 GB/s on both does not bear out",
 }
 
 
@@ -188,6 +191,27 @@ def test_geforce_without_p2p():
     assert bare.link_p2p(0, 1) == "unknown" and transport(bare) == "PCI"
     bare.set_gpu_model("NVIDIA GeForce RTX 2080 Ti")
     assert transport(bare) == "SHM" and "GeForce" in (bare.p2p_usable(0, 1) or "")
+
+
+def test_dataset_p2p_disabled_is_the_pairs_p2p_status():
+    # NCCL_P2P_DISABLE=1 in a source becomes topology.p2p "disabled": the pair stages through host memory even
+    # where NCCL would use P2P (two GPUs behind one PCIe switch, PIX).
+    def link_class(system):
+        topo, gpus = P.topology_of(system, 1)
+        cands = _C.topo_candidates(topo, "all_reduce", 1 << 30, "float32", custom=False, host=False,
+                                   nranks_per_node=2, nodes=1, gpus=gpus, tuning="")
+        return topo, P._pick(cands, "nccl")["link_class"]
+
+    system = {"id": "t", "ranks_per_node": 2, "topology": {"fixture": "topo/pcie_4x_nvsmi.txt", "gpus": [0, 1]}}
+    assert link_class(system)[1] == "PCI"
+    system["topology"]["p2p"] = "disabled"
+    topo, cls = link_class(system)
+    assert cls == "SHM"
+    assert topo.link_p2p(0, 1) == "unsupported" and topo.link_p2p(2, 3) == "unknown"  # only the pairs it uses
+    # An NVLink pair hides its PCIe path behind NV#: stating it disabled would invent that path.
+    system["topology"] = {"fixture": "topo/a40_8x_nvsmi.txt", "gpu_model": "A40", "gpus": [0, 1], "p2p": "disabled"}
+    with pytest.raises(ValueError, match="joins by NVLink"):
+        P.topology_of(system, 1)
 
 
 # ---- the network: calibratable latency, gpucoll-tune fits it ------------------------------------------------------
