@@ -15,7 +15,7 @@ import pytest
 
 import gpucoll
 from gpucoll import _C
-from gpucoll.errors import Unsupported
+from gpucoll.errors import InvalidUsage, Unsupported
 
 pytestmark = [pytest.mark.spawns, *helpers.timeout_mark(300)]
 
@@ -72,7 +72,8 @@ def test_host_async_and_completed_calls_return_the_one_work_type():
 
 def _gpu_round(comm):
     """A GPU backend: wait() orders the caller's stream (the legacy one for a DeviceArray) after the collective, so a
-    copy to the host issued after it reads the result; synchronize() blocks the host; a host callback is refused."""
+    copy to the host issued after it reads the result; synchronize() blocks the host; a host callback is refused; on
+    nccl, a Work of a group that is still open is not completed and cannot be waited for."""
     from gpucoll.testing import DeviceArray
 
     errs, P, r = [], comm.world_size, comm.rank
@@ -103,6 +104,20 @@ def _gpu_round(comm):
         errs.append(f"nccl seq: {works[0].seq}, {works[2].seq}")
     if not repr(works[0]).startswith("<gpucoll.Work "):
         errs.append(f"repr: {works[0]!r}")
+    if comm.backend == "nccl":  # inside an open group the operation has not launched: wait() refuses
+        y = DeviceArray.from_host(_vals(r, 3), device=dev)
+        with comm.group():
+            gw = comm.all_reduce(y, async_op=True)
+            try:
+                gw.wait()
+                errs.append("wait() inside the group did not raise")
+            except InvalidUsage:
+                pass
+            if gw.is_completed():
+                errs.append("a Work of an open group reported completed")
+        gw.synchronize()
+        if not np.array_equal(y.to_host(), _want(P, 3)):
+            errs.append(f"grouped call after synchronize(): {y.to_host()[:4]}")
     try:
         works[0].add_done_callback(lambda: None)
         errs.append("add_done_callback on a GPU Work did not raise")
