@@ -59,10 +59,14 @@ def __getattr__(name):
         from gpucoll import _make
 
         return getattr(_make, name)
-    if name in ("premul_sum", "Work"):
-        from gpucoll.backends import work
+    if name == "premul_sum":
+        from gpucoll.backends.premul import premul_sum
 
-        return getattr(work, name)
+        return premul_sum
+    if name == "Work":
+        from gpucoll._native import _C
+
+        return _C.Work
     if name == "spawn":
         from gpucoll._spawn import spawn
 

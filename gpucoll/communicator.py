@@ -21,9 +21,9 @@ from gpucoll.backends.base import (
     REDUCE_SCATTER,
     SCATTER,
 )
+from gpucoll.backends.premul import PreMulSum
 from gpucoll.backends.router import Router, host_maker
 from gpucoll.backends.usable import BACKENDS  # noqa: F401 - init's backend names (also used from here)
-from gpucoll.backends.work import CompletedWork, PreMulSum
 from gpucoll.bootstrap import LaunchInfo
 from gpucoll.bootstrap.store import TCPStore
 from gpucoll.errors import (
@@ -59,9 +59,10 @@ def _parse_op(op):
 
 
 def _result(work, value):
-    """What an async_op=True call returns: the backend's Work, or a completed one where the call finished."""
+    """What an async_op=True call returns: the backend's Work, or a completed one where the call finished (both
+    gpucoll._C.Work)."""
     if work is None:
-        return CompletedWork(value)
+        return _C.Work(value)
     work._result = value
     return work
 
@@ -383,7 +384,7 @@ class Communicator:
     def _fused(self, work, value, async_op: bool):
         if not async_op:
             return value
-        if hasattr(work, "add_done_callback"):  # it runs on another thread: its failure is recorded as _run's are
+        if work is not None and work.device is None:  # on another thread: its failure is recorded as _run's are
             work.add_done_callback(functools.partial(self._ended, work))
         return _result(work, value)
 
@@ -524,7 +525,7 @@ class Communicator:
         except (CollectiveTimeout, RemoteError) as e:
             self._failure(e)
             raise
-        if async_op and hasattr(work, "add_done_callback"):  # it runs on another thread (the host backend's)
+        if async_op and work is not None and work.device is None:  # on another thread (the host backend's)
             work.add_done_callback(functools.partial(self._ended, work))
         return work
 

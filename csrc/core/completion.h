@@ -1,5 +1,6 @@
-// The end of one operation that runs on another thread than its caller's: the one state a Work reads, whichever
-// backend ran it (the host backend's progress thread today).
+// The two ends an operation's Work (gpucoll._C.Work, python/work.cc) reads. Completion: an operation that runs on
+// another thread than its caller's (the host backend's progress thread). DeviceDone: one that runs on a GPU (the
+// NCCL communicator's operation, the custom kernels' call), known from an event recorded after it.
 //
 // The thread that runs the operation calls complete() once, with the error it raised or none. Waiters block on a
 // condition variable, not a spin: an asynchronous operation is one the caller chose not to wait for, so whoever
@@ -10,9 +11,11 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace gpucoll {
@@ -34,6 +37,19 @@ class Completion {
   bool done_ = false;
   std::exception_ptr error_;
   std::vector<std::function<void()>> callbacks_;
+};
+
+// The device side of an operation's end. Called without the GIL. An operation captured into a CUDA graph has no
+// eager end: it reports done, and a wait on it does nothing.
+class DeviceDone {
+ public:
+  virtual ~DeviceDone() = default;
+  virtual bool query() = 0;                    // whether the GPU finished it (never blocks)
+  virtual void wait_on(uintptr_t stream) = 0;  // `stream` (a cudaStream_t) waits for it; the host does not block
+  virtual void synchronize() = 0;              // blocks the calling thread until the GPU finished it
+  virtual bool has_seq() const { return false; }
+  virtual uint64_t seq() const { return 0; }
+  virtual std::string describe() = 0;  // what it is and where it stands, for repr()
 };
 
 }  // namespace gpucoll

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/completion.h"
@@ -77,17 +78,36 @@ bool cuda_array_view(pybind11::handle x, CudaArrayView* out);
 
 // work.cc: whether threads of gpucoll's may still take the GIL (false once the interpreter exits).
 bool python_exiting();
-// gpucoll._C.Work (work.cc): an operation running on another thread, over its Completion. `keep` (its buffers'
-// Python objects) is held until the operation ended. At the end the completing thread takes the GIL once: it drops
-// `keep` and runs the Python callbacks registered so far (each GIL hand-over can wait a switch interval for a busy
-// thread, so there is one per operation, not one per callback).
-class NativeWork {
+// gpucoll._C.Work (work.cc): what every async_op=True call returns, whichever backend ran it, and what a call that
+// finished before it returned hands back. Its end is one of three:
+//  * none: the call had finished (the synchronous case, or a host call that ran inline);
+//  * a Completion (an operation on another thread: the host backend's progress thread). `keep` (its buffers' Python
+//    objects) is held until the operation ended. At the end the completing thread takes the GIL once: it drops
+//    `keep` and runs the Python callbacks registered so far (each GIL hand-over can wait a switch interval for a
+//    busy thread, so there is one per operation, not one per callback);
+//  * a DeviceDone (a GPU operation). wait() makes the caller's current stream wait for it: that stream is found by
+//    gpucoll._cuda_buffers.current_stream(kind, device) (torch's for tensors, CuPy's for arrays, else the legacy
+//    default stream), as the Python path finds it for every call.
+// A GPU communicator's failure (the NCCL watchdog's CollectiveTimeout, NcclError, RemoteError; the custom kernels'
+// timeout) is recorded by its backend in Python, with the hang report that goes with it, so the Work holds two
+// hooks into it rather than a copy: `raise_failed` (raises the recorded failure; called before wait() and
+// is_completed() and after synchronize()) and `after_sync` (called once synchronize() saw the GPU finish: the
+// custom backend reads its kernels' timeout flag there).
+class Work {
  public:
-  NativeWork(std::shared_ptr<Completion> done, pybind11::object keep);
-  void wait() const;  // releases the GIL; rethrows the operation's error
-  bool is_completed() const;
-  bool done() const { return done_->done(); }
+  explicit Work(pybind11::object result);                                 // completed
+  Work(std::shared_ptr<Completion> done, pybind11::object keep);          // host thread
+  Work(std::unique_ptr<DeviceDone> device, pybind11::object native, std::string kind, int ordinal,
+       pybind11::object raise_failed, pybind11::object after_sync);      // GPU
+  bool wait();  // host: blocks (GIL released), rethrows the operation's error; GPU: orders the current stream
+  bool is_completed();
+  void synchronize();
+  bool done() const;  // whether it ended, successfully or not (never raises)
   void add_done_callback(pybind11::function fn);  // with the GIL held
+  pybind11::object seq() const;
+  std::string repr() const;
+  pybind11::object native() const { return native_; }
+  int ordinal() const { return device_ ? ordinal_ : -1; }
   pybind11::object result = pybind11::none();
 
  private:
@@ -98,9 +118,21 @@ class NativeWork {
     std::vector<pybind11::object> callbacks;
     ~End();
   };
-  std::shared_ptr<Completion> done_;
+  void check_failed() const;
+  std::shared_ptr<Completion> done_;  // host thread
   std::shared_ptr<End> end_;
+  std::unique_ptr<DeviceDone> device_;  // GPU
+  pybind11::object native_;             // the object the device end was made from (None: none)
+  std::string kind_;
+  int ordinal_ = -1;
+  pybind11::object raise_failed_;
+  pybind11::object after_sync_;
 };
+// nccl.cc: the device end of an NcclWork (gpucoll._C.NcclWork), or nullptr for any other object (and everywhere in
+// a build without CUDA).
+std::unique_ptr<DeviceDone> nccl_device_done(pybind11::handle native);
+// custom.cc: a CUDA event recorded on `stream` now, as a device end. Unsupported in a build without CUDA.
+std::unique_ptr<DeviceDone> event_device_done(uintptr_t stream, int ordinal, std::string what);
 // host.cc: every live host communicator's progress thread gets `seconds` to finish its queue (interpreter exit).
 void stop_host_progress(double seconds);
 

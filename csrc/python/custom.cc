@@ -354,6 +354,32 @@ void bind_cuda(py::module_& m) {
 
 }  // namespace
 
+std::unique_ptr<DeviceDone> event_device_done(uintptr_t stream, int ordinal, std::string what) {
+#ifdef GPUCOLL_WITH_CUDA
+  // gpucoll._C.Work's end for what the custom kernels enqueued on `stream`: a CUDA event recorded after it.
+  class EventDone final : public DeviceDone {
+   public:
+    EventDone(uintptr_t stream, int ordinal, std::string what) : event_(ordinal), what_(std::move(what)) {
+      event_.record(as_stream(stream));
+    }
+    bool query() override { return event_.query(); }
+    void wait_on(uintptr_t s) override { event_.wait_on(as_stream(s)); }
+    void synchronize() override { event_.synchronize(); }
+    std::string describe() override { return what_; }
+
+   private:
+    cuda::Event event_;
+    std::string what_;
+  };
+  return std::make_unique<EventDone>(stream, ordinal, std::move(what));
+#else
+  (void)stream;
+  (void)ordinal;
+  (void)what;
+  GPUCOLL_THROW(ErrorCode::kUnsupported, "", kNoCudaBuild);
+#endif
+}
+
 void bind_custom(py::module_& m) {
 #ifdef GPUCOLL_WITH_CUDA
   m.attr("CUSTOM_BACKEND_BUILT") = true;

@@ -189,7 +189,7 @@ void bind_host(py::module_& m) {
               done = c.submit([&c, args = args, a = a]() { c.run(args, *a); });
             }
             // `keep` is this call's argument until the Work holds it: alive from before the task starts.
-            return std::make_shared<NativeWork>(std::move(done), std::move(keep));
+            return std::make_shared<Work>(std::move(done), std::move(keep));
           },
           py::arg("keep"), py::arg("algo"), py::arg("coll"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root") = 0, py::arg("local_size") = 0,

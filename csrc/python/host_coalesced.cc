@@ -344,7 +344,7 @@ class HostCoalescer {
           checked(&own);
         });
       }
-      return py::cast(std::make_shared<NativeWork>(std::move(done), py::tuple(std::move(keep))));
+      return py::cast(std::make_shared<Work>(std::move(done), py::tuple(std::move(keep))));
     }
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(mu_);

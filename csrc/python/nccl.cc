@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -31,24 +32,41 @@ constexpr const char* kNoCudaBuild =
 #ifdef GPUCOLL_WITH_CUDA
 cudaStream_t as_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
 
+const char* state_name(const nccl::Work& w) {
+  switch (w.state()) {
+    case nccl::Work::State::kInGroup:
+      return "in_group";
+    case nccl::Work::State::kLaunched:
+      return "launched";
+    case nccl::Work::State::kCaptured:
+      return "captured";
+  }
+  return "?";
+}
+
+// gpucoll._C.Work's end for an NCCL operation: its event (nccl_comm.h says when it is recorded, and why a
+// captured operation has none and one in an open group cannot be waited for yet).
+class NcclDone final : public DeviceDone {
+ public:
+  explicit NcclDone(std::shared_ptr<nccl::Work> w) : w_(std::move(w)) {}
+  bool query() override { return w_->query(); }
+  void wait_on(uintptr_t stream) override { w_->wait_on(as_stream(stream)); }
+  void synchronize() override { w_->synchronize(); }
+  bool has_seq() const override { return true; }
+  uint64_t seq() const override { return w_->seq(); }
+  std::string describe() override { return nccl::describe(w_->desc(), w_->seq()) + " " + state_name(*w_); }
+
+ private:
+  std::shared_ptr<nccl::Work> w_;
+};
+
 void bind_comm(py::module_& m) {
   using nccl::NcclComm;
   using nccl::Work;
   py::class_<Work, std::shared_ptr<Work>>(m, "NcclWork")
       .def_property_readonly("seq", &Work::seq)
       .def_property_readonly("what", [](const Work& w) { return nccl::describe(w.desc(), w.seq()); })
-      .def_property_readonly("state",
-                             [](const Work& w) {
-                               switch (w.state()) {
-                                 case Work::State::kInGroup:
-                                   return "in_group";
-                                 case Work::State::kLaunched:
-                                   return "launched";
-                                 case Work::State::kCaptured:
-                                   return "captured";
-                               }
-                               return "?";
-                             })
+      .def_property_readonly("state", &state_name)
       .def("query", &Work::query, py::call_guard<py::gil_scoped_release>())
       .def(
           "wait_on", [](Work& w, uintptr_t stream) { w.wait_on(as_stream(stream)); }, py::arg("stream"),
@@ -203,6 +221,15 @@ void bind_comm(py::module_& m) {
 #endif
 
 }  // namespace
+
+std::unique_ptr<DeviceDone> nccl_device_done(py::handle native) {
+#ifdef GPUCOLL_WITH_CUDA
+  if (py::isinstance<nccl::Work>(native)) return std::make_unique<NcclDone>(native.cast<std::shared_ptr<nccl::Work>>());
+#else
+  (void)native;
+#endif
+  return nullptr;
+}
 
 void bind_nccl(py::module_& m) {
 #ifdef GPUCOLL_WITH_CUDA

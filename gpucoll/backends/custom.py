@@ -31,16 +31,16 @@ from gpucoll import _cuda_buffers, _log, _nccl, config, flight_recorder
 from gpucoll._native import _C
 from gpucoll.backends import nccl, select
 from gpucoll.backends.base import ALL_REDUCE, BLOCKED, FAST_OPS, Backend, plain_cuda_array
+from gpucoll.backends.premul import PreMulSum
 from gpucoll.backends.usable import CUSTOM_ALGORITHMS as ALGORITHMS
 from gpucoll.backends.usable import MULTI_RANK_ENV, pick_device
 from gpucoll.backends.usable import check_custom_usable as check_usable
 from gpucoll.backends.usable import custom_problems as problems
 from gpucoll.backends.usable import custom_takes_auto as takes_auto
-from gpucoll.backends.work import PreMulSum
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
 
 # This module's own names for its checks, which live in usable.py (below every backend); tests and tools use them.
-__all__ = ["ALGORITHMS", "Custom", "CustomWork", "check_usable", "half_bytes", "init_backend",
+__all__ = ["ALGORITHMS", "Custom", "check_usable", "half_bytes", "init_backend",
            "problems", "resolve_algo", "spawn_plan", "takes_auto"]
 
 _ALL_REDUCE = 0
@@ -70,32 +70,6 @@ def resolve_algo(algo, nbytes: int, nranks: int) -> str:
     if not isinstance(algo, str):
         raise InvalidArgument(f"algo must be 'auto' or one of oneshot, twoshot, ring, tree; got {algo!r}")
     return _C.custom_algo_name(algo)
-
-
-class CustomWork:
-    """What an ``async_op=True`` call on the custom kernels returns (the API of the NCCL backend's Work)."""
-
-    __slots__ = ("_backend", "_event", "_kind", "_result")
-
-    def __init__(self, backend, event, kind: str, result=None):
-        self._backend, self._event, self._kind, self._result = backend, event, kind, result
-
-    def wait(self, timeout=None) -> bool:
-        self._event.wait_on(_cuda_buffers.current_stream(self._kind, self._backend.ordinal))
-        return True
-
-    def is_completed(self) -> bool:
-        return self._event.query()
-
-    def synchronize(self) -> None:
-        self._event.synchronize()
-        self._backend.check_timeout()
-
-    def result(self):
-        return self._result
-
-    def __repr__(self) -> str:
-        return "<gpucoll.Work custom all_reduce>"
 
 
 class Custom(Backend):
@@ -243,9 +217,9 @@ class Custom(Backend):
         self.stats["custom"] += 1
         if not async_op:
             return None
-        event = _C.CudaEvent(self.ordinal)
-        event.record(s)
-        return CustomWork(self, event, kind)
+        # A CUDA event after the call; synchronize() then reads the kernels' timeout flag (check_timeout), which only
+        # a finished call can have set.
+        return _C.Work.after_stream(s, kind, self.ordinal, "custom all_reduce", self.check_timeout)
 
     def _modelled(self) -> bool:
         """Whether the selector decides: 'custom' asked where the GPU topology is unknown (no NVML) leaves each call

@@ -32,6 +32,7 @@ from gpucoll.backends.base import FAST_OPS, Backend, plain_cuda_array
 from gpucoll.backends.nccl_arrivals import Arrivals
 from gpucoll.backends.nccl_liveness import Heartbeat
 from gpucoll.backends.nccl_plan import spawn_plan, version_text
+from gpucoll.backends.premul import PreMulSum, premul_sum
 from gpucoll.backends.usable import (
     MULTI_RANK_ENV,
     auto_selects_nccl,
@@ -42,11 +43,10 @@ from gpucoll.backends.usable import (
 )
 from gpucoll.backends.usable import check_nccl_usable as check_usable
 from gpucoll.backends.usable import nccl_problems as problems
-from gpucoll.backends.work import CompletedWork, PreMulSum, Work, premul_sum
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, NcclError, Unsupported
 
 # This module's own names for the checks it shares with the custom backend (tests and tools use them from here).
-__all__ = ["MULTI_RANK_ENV", "CompletedWork", "Nccl", "PreMulSum", "Work", "auto_selects_nccl",
+__all__ = ["MULTI_RANK_ENV", "Nccl", "PreMulSum", "auto_selects_nccl",
            "check_usable", "device_map", "gpu_problems", "init_backend", "multi_rank_enabled", "pick_device",
            "premul_sum", "problems", "spawn_plan", "version_text"]
 _ALL_REDUCE = 0  # gpucoll::algo::Coll::kAllReduce
@@ -96,7 +96,7 @@ class Nccl(Backend):
         self._failing = False  # _fail is writing the hang report of the first failure
         self._arrivals = Arrivals(comm, store, prefix, rank, world_size)  # stragglers() (nccl_arrivals.py)
         self._lock = threading.Lock()
-        self._inflight = {}  # id(native Work) -> (native Work, objects it uses): async ops keep buffers alive
+        self._inflight = {}  # id(Work) -> (Work, objects it uses): async ops keep their buffers alive until done
         self._scratch = None
         self._closed = False
         self.origin = "ncclCommInitRankConfig"  # how the NCCL communicator was made (split(): "ncclCommSplit")
@@ -258,11 +258,13 @@ class Nccl(Backend):
             self._fail(e)
             raise _copy_error(e) from None
 
-    def _track(self, native, src, bufs) -> Work:
+    def _track(self, native, src, bufs):
+        """The gpucoll._C.Work of the NcclWork `native`, its buffers kept alive until the watchdog finds it done."""
+        work = _C.Work.on_device(native, src.kind, self.ordinal, self._raise_if_failed)
         keep = tuple(b.obj for b in bufs) + tuple(b.keep for b in bufs if b.keep is not None)
         with self._lock:
-            self._inflight[id(native)] = (native, keep)
-        return Work(native, self, src.kind, self.ordinal)
+            self._inflight[id(work)] = (work, keep)
+        return work
 
     def barrier(self) -> None:
         """Returns once every rank called barrier() and the GPU work issued before it on the legacy default stream
@@ -401,11 +403,8 @@ class Nccl(Backend):
         with self._lock:
             items = list(self._inflight.items())
         done = []
-        for key, (native, _) in items:
-            try:
-                if native.query():
-                    done.append(key)
-            except GpucollError:
+        for key, (work, _) in items:
+            if work.done():  # finished, or failed: either way the GPU no longer reads the buffers
                 done.append(key)
         if done:
             with self._lock:

@@ -47,19 +47,19 @@ def _premul_factor(op):
 class _Call:
     """One operation in flight inside a method: its communicator, what it enqueued, what to copy back."""
 
-    __slots__ = ("comm", "cuda", "device", "gworks", "writebacks")
+    __slots__ = ("comm", "cuda", "device", "works", "writebacks")
 
     def __init__(self, comm, device: torch.device):
         self.comm = comm
         self.device = device
         self.cuda = device.type == "cuda"
-        self.gworks = []
+        self.works = []
         self.writebacks = []
 
     def track(self, result):
         """Keeps the gpucoll Work of an async_op=True call (CUDA; host calls are made synchronous: async_op=call.cuda)."""
         if self.cuda and result is not None and hasattr(result, "wait"):
-            self.gworks.append(result)
+            self.works.append(result)
 
     def result(self, returned):
         """What a collective called with async_op=self.cuda returned, as its synchronous call returns it (a CUDA

@@ -140,15 +140,15 @@ class PointToPointMixin:
 
     def _run_cuda(self, items) -> None:
         comm = self.communicator(items[0][2].device, what="send/recv")
-        gworks = []
+        works = []
         with comm.group():
             for send, peer, t, _, _ in items:
                 flat = self._bytes(t)
-                gworks.append(comm.send(flat, peer, async_op=True) if send else comm.recv(flat, peer, async_op=True))
+                works.append(comm.send(flat, peer, async_op=True) if send else comm.recv(flat, peer, async_op=True))
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(items[0][2].device))
         for *_, work, _ in items:
-            work._gworks, work._event = tuple(gworks), event
+            work._works, work._event = tuple(works), event
 
     def _run_cpu(self, items):
         """Matches the recvs (reading envelopes; may wait for senders), then runs sends and payload pulls as one

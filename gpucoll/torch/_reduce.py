@@ -13,7 +13,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
-from gpucoll.backends.work import premul_sum
+from gpucoll.backends.premul import premul_sum
 from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, RemoteError, Unsupported
 from gpucoll.torch._call import _op_name, _premul_factor
 from gpucoll.torch.errors import torch_error, translates_itself
@@ -151,7 +151,7 @@ class ReduceMixin:
         if self._p2p:
             self._flush_p2p()
         comm = self.communicator("cpu", what=what)
-        return Work([tensor], native=comm.all_reduce(flat, op=self._gop(gop, factor), async_op=True))
+        return Work([tensor], works=[comm.all_reduce(flat, op=self._gop(gop, factor), async_op=True)])
 
     def _allreduce_sparse(self, t, op) -> Work:
         """A sparse COO all_reduce (SUM, CPU), as gloo does it: every rank's indices and values are gathered and the

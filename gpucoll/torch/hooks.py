@@ -83,7 +83,7 @@ def _reduced(comm, background: bool, buffer: torch.Tensor, tensor: torch.Tensor,
             then()
         return buffer
 
-    return Work([buffer], native=comm.all_reduce(tensor, async_op=True, **kw)).get_future().then(finished)
+    return Work([buffer], works=[comm.all_reduce(tensor, async_op=True, **kw)]).get_future().then(finished)
 
 
 def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -274,7 +274,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
             return Work(outputs)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(call.device))
-        return Work(outputs, gworks=call.gworks, event=event, device=call.device)
+        return Work(outputs, works=call.works, event=event, device=call.device)
 
     def _delegate(self, what: str, tensors) -> bool:
         """Whether CPU `tensors` go to a torch backend (gloo) rather than gpucoll's host backend."""
@@ -359,14 +359,14 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
 
     @staticmethod
     def _combine(works, outputs) -> Work:
-        gworks, deps, event, device = [], [], None, None
+        gathered, deps, event, device = [], [], None, None
         for w in works:
             if isinstance(w, Work):
-                gworks += w._gworks
+                gathered += w._works
                 event, device = w._event or event, w._device or device
             else:
                 deps.append(w)
-        return Work(outputs, gworks=gworks, event=event, device=device, deps=deps)
+        return Work(outputs, works=gathered, event=event, device=device, deps=deps)
 
 
 # What torch calls raises torch's error types as well as gpucoll's (gpucoll/torch/errors.py).

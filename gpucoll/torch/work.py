@@ -4,16 +4,20 @@ torch needs a subclass of ``torch.distributed._Work`` (a bare ``_Work()`` makes 
 ``wait(timeout=...)``, ``is_completed()`` and ``get_future()`` returning a ``torch.futures.Future`` that holds the
 list of output tensors; DDP's reducer chains its bucket handling on that future from C++.
 
-Three kinds of completion meet here:
+What a gpucoll call hands back is one type, gpucoll.Work (gpucoll._C.Work), whatever ran it; a torch Work wraps the
+gpucoll Works of its operation (``_works``) and adds what torch needs. Where the operation ran decides what waiting
+means:
 
 * host (CPU tensors): gpucoll's host backend finishes an operation before the call returns, so the Work is
-  complete when it is made.
-* nccl (CUDA tensors): the operation was enqueued on the caller's current CUDA stream; ``wait()`` makes the current
-  stream wait for it (the host does not block), as torch's NCCL Work does, and raises the communicator's failure
-  (``CollectiveTimeout``, ``NcclError``) once gpucoll's watchdog recorded one.
+  complete when it is made (no gpucoll Work).
 * background (CPU all-reduces): issued with async_op to the host communicator's progress thread, which runs the
   communicator's operations in call order, so that DDP's backward goes on while a bucket is reduced (as gloo's
-  threads let it); the Work completes, and its future is set, when that thread has run it.
+  threads let it); its gpucoll Work's wait() blocks, and the future is set (add_done_callback) when that thread has
+  run it.
+* CUDA tensors: the operations were enqueued on the caller's current CUDA stream; their gpucoll Works' wait() makes
+  the current stream wait (the host does not block), as torch's NCCL Work does. Every gpucoll Work raises its
+  operation's error, or its communicator's failure (``CollectiveTimeout``, ``NcclError``) once gpucoll's watchdog
+  recorded one: the first such error is this Work's from then on.
 * deferred point-to-point: ``send``/``recv`` are queued on the group and run together, as one gpucoll group (so
   matching pairs never deadlock, whatever their order), at the first ``wait()``/``is_completed()``/
   ``get_future()`` of any of them or before the group's next collective.
@@ -43,9 +47,8 @@ class Work(dist._Work):
 
     # What a completed host operation has; __init__ sets only what differs (_Done, on dist.all_reduce's one-call
     # path, sets none of them).
-    _native = None  # the gpucoll Work of a background operation (gpucoll._C.Work: the host's progress thread)
+    _works = ()  # the gpucoll Works (gpucoll._C.Work) of the operation: a background one's, or the CUDA ones
     _pending = None  # the group whose p2p queue holds this operation, until it is flushed
-    _gworks = ()  # gpucoll Works (nccl): their wait() raises the communicator's failure
     _event = None  # torch.cuda.Event recorded after everything this operation enqueued
     _device = None  # torch.device of a CUDA operation, else None
     _deps = ()  # torch Works of a delegate backend (cpu:gloo) this one stands for
@@ -53,15 +56,13 @@ class Work(dist._Work):
     _future = None  # what get_future() returned
     _source = None  # a recv's source rank in the group (a recv from any source: known once it ran)
 
-    def __init__(self, outputs, *, pending=None, gworks=(), event=None, device=None, deps=(), native=None):
+    def __init__(self, outputs, *, pending=None, works=(), event=None, device=None, deps=()):
         super().__init__()
         self._outputs = list(outputs)
-        if native is not None:
-            self._native = native
         if pending is not None:
             self._pending = pending
-        if gworks:
-            self._gworks = tuple(gworks)
+        if works:
+            self._works = tuple(works)
         if event is not None:
             self._event, self._device = event, device
         elif device is not None:
@@ -78,13 +79,16 @@ class Work(dist._Work):
         group = self._pending
         if group is not None:
             group._flush_p2p()
-        if self._native is not None and self._error is None:
-            try:
-                self._native.wait()
-            except GpucollError as e:  # the operation's: this Work's error from now on
-                self._error = torch_error(e)
         if self._error is not None:
             raise self._error
+
+    def _ask(self, call):
+        """call() of a gpucoll Work; its error becomes this Work's (raised now and by every later call)."""
+        try:
+            return call()
+        except GpucollError as e:
+            self._error = torch_error(e)
+            raise self._error from None
 
     def wait(self, timeout=None) -> bool:
         """Blocks until a CPU operation is done; for CUDA, orders the current stream after the operation.
@@ -92,26 +96,20 @@ class Work(dist._Work):
         self._settle()
         for w in self._deps:
             w.wait()
-        for w in self._gworks:
-            w.wait()
+        for w in self._works:
+            self._ask(w.wait)
         if self._event is not None:
             torch.cuda.current_stream(self._device).wait_event(self._event)
         return True
 
     def is_completed(self) -> bool:
         """Whether the operation finished. A queued send/recv is run (with the rest of its queue) first."""
-        if self._native is not None and self._error is None:
-            try:
-                if not self._native.is_completed():
-                    return False
-            except GpucollError as e:
-                self._error = torch_error(e)
         self._settle()
         if not all(w.is_completed() for w in self._deps):
             return False
         done = True
-        for w in self._gworks:
-            done = w.is_completed() and done  # each call also raises a recorded failure
+        for w in self._works:
+            done = self._ask(w.is_completed) and done  # each also raises its error or a recorded failure
         if self._event is not None:
             done = done and self._event.query()
         return done
@@ -120,11 +118,10 @@ class Work(dist._Work):
         return self.is_completed() and self._error is None
 
     def exception(self):
-        if self._native is not None and self._error is None and self._native.done():
-            try:
-                self._native.is_completed()
-            except GpucollError as e:  # what this returns
-                self._error = torch_error(e)
+        for w in self._works:
+            if self._error is None and w.done():
+                with contextlib.suppress(GpucollError):  # what this returns: _ask keeps it in _error
+                    self._ask(w.is_completed)
         return self._error
 
     def synchronize(self) -> None:
@@ -154,8 +151,8 @@ class Work(dist._Work):
             return self._future
         source, future = self._chained_future()
         self._future = future
-        if self._native is not None:  # completed on the thread that ran the operation (as on gloo's threads)
-            self._native.add_done_callback(lambda: self._ended(source))
+        if self._works and self._works[-1].device is None:  # a background operation: completed on the thread that
+            self._works[-1].add_done_callback(lambda: self._ended(source))  # ran it (as on gloo's threads)
             return future
         try:
             self.wait()
@@ -165,8 +162,10 @@ class Work(dist._Work):
         return future
 
     def _ended(self, source) -> None:
-        with contextlib.suppress(GpucollError):  # _settle keeps it in _error, which fails the future
+        with contextlib.suppress(GpucollError):  # kept in _error, which fails the future
             self._settle()
+            for w in self._works:
+                self._ask(w.is_completed)
         self._complete(source)
 
     def _chained_future(self):
@@ -185,7 +184,7 @@ class Work(dist._Work):
             source.set_result(self._outputs)
 
     def __repr__(self) -> str:
-        running = self._native is not None and self._error is None and not self._native.done()
+        running = self._error is None and not all(w.done() for w in self._works)
         state = "queued" if self._pending is not None or running else ("failed" if self._error is not None else "issued")
         where = str(self._device) if self._device is not None else "cpu"
         return f"<gpucoll.torch.Work {where} {state}>"

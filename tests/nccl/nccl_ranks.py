@@ -20,7 +20,7 @@ import helpers
 import numpy as np
 
 import gpucoll
-from gpucoll.backends.work import PreMulSum
+from gpucoll.backends.premul import PreMulSum
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 N = 96  # elements per rank-block: divisible by 1, 2, 3, 4 and 8

@@ -587,7 +587,7 @@ def test_watchdog_reports_async_nccl_errors(store, fast_watchdog):
         assert isinstance(err, RemoteError) and err.call == "ncclCommGetAsyncError" and err.ranks == (1, 2), err
         assert "while all_gather #3 (float32 x 8) was pending" in err.message and "remote process exited" in err.message
         assert comm.aborted and "remote process exited" in comm.aborted
-        work = _nccl_backend.Work(FakeNative(3), backend, "cai", 0)
+        work = _C.Work.on_device(FakeNative(3), "cai", 0, backend._raise_if_failed)
         with pytest.raises(RemoteError):
             work.is_completed()
         with pytest.raises(RemoteError):
@@ -608,7 +608,7 @@ def test_async_work_keeps_buffers_until_complete_and_waits_on_current_stream(sto
         work = backend.collective(0, "auto", src, src, 4, gpucoll.premul_sum(0.25), 0, 9, True)
         assert comm.calls[-1][3] == _C.RedOp.sum and comm.calls[-1][7] == 0.25 and comm.calls[-1][5] == 9
         assert joins == [(9, 55, 0)]  # stream= waits for the producer's stream first
-        assert isinstance(work, _nccl_backend.Work) and len(backend._inflight) == 1
+        assert type(work) is gpucoll.Work is _C.Work and len(backend._inflight) == 1
         assert not work.is_completed()
         work.wait()
         assert work._native.waited_on == [0]  # no framework stream for a __cuda_array_interface__ array: legacy
@@ -622,5 +622,5 @@ def test_async_work_keeps_buffers_until_complete_and_waits_on_current_stream(sto
 
 
 def test_completed_work_is_trivial():
-    w = _nccl_backend.CompletedWork(42)
+    w = _C.Work(42)
     assert w.wait() and w.is_completed() and w.synchronize() is None and w.result() == 42
