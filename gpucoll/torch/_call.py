@@ -1,11 +1,8 @@
-"""How gpucoll's torch ProcessGroup runs an operation: a table row describes one of torch's methods (``Collective``),
-and one method runs every row (``methods``): torch's default options; CPU tensors to gloo where the group sends them
-there; the row's shortcut; its checks (before any communication: a bad call leaves the group as it was); _begin (one
-device, queued sends and receives first, the communicator); the row's run (the communicator calls, and how torch's
-tensors map onto them); _finish (strided outputs written back, the Work torch wants). Every gpucoll error leaving it
-is torch's type too (gpucoll/torch/errors.py). Also here: the context of one call (``_Call``), the rows' shared
-checks, torch's timeout spelling.
-"""
+"""How gpucoll's torch ProcessGroup runs an operation: a table row describes one torch method (``Collective``) and one
+method runs every row (``methods``): torch's default options, CPU tensors to gloo where the group sends them there,
+the row's shortcut, its checks (before any communication: a bad call leaves the group as it was), _begin, the row's
+run (the communicator calls, and how torch's tensors map onto them), _finish, and gpucoll errors as torch's types.
+Also here: the context of one call (``_Call``), the checks rows share, torch's timeout spelling."""
 
 from __future__ import annotations
 

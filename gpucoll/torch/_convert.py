@@ -1,10 +1,8 @@
 """torch's reduce ops and dtypes in gpucoll's terms: the one place the torch backend and its hooks convert them.
 
-torch's semantics throughout: AVG on integers truncates toward zero (as NCCL does), complex tensors reduce as pairs
-of reals (SUM, AVG, PREMUL_SUM only), PREMUL_SUM scales each input first (natively on every backend gpucoll gives
-torch). Dtypes gpucoll has no name for move as bytes in the copying collectives; reducing them raises
-``gpucoll.Unsupported`` naming the dtype, as an op gpucoll lacks raises it naming the op.
-"""
+torch's semantics: AVG on integers truncates toward zero (as NCCL does), complex tensors reduce as pairs of reals
+(SUM, AVG, PREMUL_SUM only), PREMUL_SUM scales each input first. Dtypes gpucoll lacks move as bytes in the copying
+collectives; reducing one, or an op gpucoll lacks, raises ``gpucoll.Unsupported`` naming it."""
 
 from __future__ import annotations
 
