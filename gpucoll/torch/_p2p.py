@@ -24,6 +24,8 @@ import torch
 
 from gpucoll import _log
 from gpucoll.errors import CollectiveTimeout, InvalidArgument, Unsupported
+from gpucoll.torch._call import rank_in
+from gpucoll.torch._convert import moved
 from gpucoll.torch.work import Work
 
 _ENVELOPE = "gpucoll-p2p/{src}>{dst}/{seq}"
@@ -84,7 +86,7 @@ class PointToPointMixin:
         t = tensors[0]
         tag = int(tag)
         if peer is not None:
-            peer = self._root(what, peer, "peer")
+            peer = rank_in(self, what, peer, "peer")
             if peer == self.rank():
                 raise InvalidArgument(f"{what}: the peer must be another rank than this one ({peer})")
         if not isinstance(t, torch.Tensor):
@@ -143,7 +145,7 @@ class PointToPointMixin:
         works = []
         with comm.group():
             for send, peer, t, _, _ in items:
-                flat = self._bytes(t)
+                flat = moved(t)
                 works.append(comm.send(flat, peer, async_op=True) if send else comm.recv(flat, peer, async_op=True))
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(items[0][2].device))
@@ -156,7 +158,7 @@ class PointToPointMixin:
         comm = self.communicator("cpu", what="send/recv")
         ops, copies, error = [], [], None
         for send, peer, t, work, tag in items:
-            flat = self._bytes(t).view(torch.uint8)
+            flat = moved(t).view(torch.uint8)
             if send:
                 ops.append((True, peer, flat))
                 continue

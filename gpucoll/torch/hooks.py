@@ -29,6 +29,7 @@ from gpucoll._make import init
 from gpucoll._native import _C
 from gpucoll.communicator import Communicator
 from gpucoll.errors import InvalidArgument, Unsupported
+from gpucoll.torch._convert import dtype_name
 from gpucoll.torch.work import Work
 
 __all__ = ["CompressionState", "allreduce_hook", "bf16_compress_hook", "compressed_hook", "fp16_compress_hook"]
@@ -168,13 +169,10 @@ def compressed_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.f
     return _reduced(comm, background, buffer, grad, copy_back, op="avg", compress=state.compress)
 
 
-_WIRE_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
 def _wire_roundtrip(src: torch.Tensor, dst: torch.Tensor, compress: str) -> None:
     """dst = src after one trip through the wire format, as this rank's all_reduce(compress=...) encodes it."""
-    name = _WIRE_DTYPES.get(src.dtype)
-    if name is None or src.is_cuda:
+    name = dtype_name(src.dtype)
+    if name not in ("float32", "float16", "bfloat16") or src.is_cuda:
         raise Unsupported(f"compressed_hook compresses float32, float16 and bfloat16 CPU gradients; got a "
                           f"{src.dtype} bucket on {src.device}")
     _C.wire_roundtrip(src.data_ptr(), dst.data_ptr(), src.numel(), getattr(_C.DType, name), compress)

@@ -25,9 +25,10 @@ one) and hands CPU tensors to it, as the user asked (gpucoll/torch/_cpu_fallback
 
 The methods are the ones torch.distributed's Python functions call on a group (torch 2.13 names first, the older
 names torch 2.4-2.12 call as aliases) and the C++ virtuals DDP and the functional collectives reach through torch's
-trampoline; they live in mixins by kind (_reduce.py, _gather.py, _alltoall.py, _p2p.py). What gpucoll cannot do
-raises ``gpucoll.Unsupported`` naming the operation; bad arguments raise ``gpucoll.InvalidArgument``. Every error that
-leaves the group is also a ``torch.distributed.DistBackendError`` (gpucoll/torch/errors.py).
+trampoline. The collectives are table rows by kind (_reduce.py, _gather.py, _alltoall.py), which one generic method
+runs (_call.py); send and recv are queued (_p2p.py). What gpucoll cannot do raises ``gpucoll.Unsupported`` naming the
+operation; bad arguments raise ``gpucoll.InvalidArgument``. Every error that leaves the group is also a
+``torch.distributed.DistBackendError`` (gpucoll/torch/errors.py).
 """
 
 from __future__ import annotations
@@ -41,20 +42,19 @@ import torch.distributed as dist
 
 from gpucoll import _log
 from gpucoll._make import init_from_store
-from gpucoll.errors import CollectiveTimeout, InvalidArgument, InvalidUsage, Unsupported
-from gpucoll.torch._alltoall import AllToAllMixin
-from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds
+from gpucoll.errors import CollectiveTimeout, GpucollError, InvalidArgument, InvalidUsage, RemoteError, Unsupported
+from gpucoll.torch import _alltoall, _gather, _reduce
+from gpucoll.torch._call import BACKEND_NAME, _Call, _seconds, methods
+from gpucoll.torch._convert import NOW_OPS
 from gpucoll.torch._cpu_fallback import cpu_backend_from_caller, gloo_group, log_gloo_across_machines, machines
-from gpucoll.torch._gather import GatherMixin
 from gpucoll.torch._p2p import PointToPointMixin
-from gpucoll.torch._reduce import _NOW_OPS, ReduceMixin
-from gpucoll.torch.errors import raise_torch_errors_from, raises_torch_errors
+from gpucoll.torch.errors import raise_torch_errors_from, raises_torch_errors, torch_error, translates_itself
 from gpucoll.torch.work import DoneWorks, Work
 
 __all__ = ["BACKEND_NAME", "ProcessGroupGpucoll", "create"]
 
 
-class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointMixin, dist.ProcessGroup):
+class ProcessGroupGpucoll(PointToPointMixin, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on gpucoll (see the module docstring)."""
 
     def __init__(self, store, rank: int, size: int, timeout=None, *, cpu_backend=None):
@@ -78,11 +78,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
     def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
 
-    def _get_backend_name(self) -> str:
-        return BACKEND_NAME
-
-    def name(self) -> str:
-        return BACKEND_NAME
+    _get_backend_name = name = getBackendName
 
     # The C++ virtuals behind ``pg.group_name``, ``pg._set_group_name`` and torch's C++ lookups (see the module
     # docstring). An unnamed group answers as torch's own does.
@@ -185,7 +181,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                                            backend="auto" if index is not None else "host")
                 self._comms[key] = comm
                 if key == "cpu" and self._cpu_backend is None:
-                    now = comm._torch_all_reduce(_NOW_OPS) if _NOW_OPS else None
+                    now = comm._torch_all_reduce(NOW_OPS) if NOW_OPS else None
                     self._host = (comm, now) if now is not None else None
                 _log.debug(f"torch backend: {key} communicator for group of {self.size()} ready")
         return comm
@@ -249,9 +245,10 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 log_gloo_across_machines(names)
         self._cpu_routed = True
 
-    def _begin(self, what: str, tensors) -> _Call:
-        """Checks that `tensors` share one CPU or CUDA device, runs queued p2p first, and gives the call context."""
-        device = None
+    def _begin(self, call: _Call, tensors) -> None:
+        """Checks that `tensors` share one CPU or CUDA device, runs queued p2p first, and gives `call` its
+        communicator."""
+        what, device = call.what, None
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise InvalidArgument(f"{what}: expected tensors; got {type(t).__name__}")
@@ -265,7 +262,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
             device = torch.device("cpu")
         if self._p2p:
             self._flush_p2p()
-        return _Call(self.communicator(device), device)
+        call.comm, call.device, call.cuda = self.communicator(device), device, device.type == "cuda"
 
     def _finish(self, call: _Call, outputs) -> Work:
         for t, tmp in call.writebacks:
@@ -284,6 +281,29 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
             self._route_cpu(what)
         return self._cpu_backend is not None
 
+
+    # -- all_reduce -----------------------------------------------------------------------------------------------
+    @translates_itself
+    def allreduce(self, tensors, opts=None):
+        try:
+            if opts is not None:
+                # dist.all_reduce(t) waited for at once, once the group's host communicator exists and no send or
+                # recv is queued before it (queued all-reduces run first, in C++): one native call reads torch's
+                # arguments and runs a plain CPU tensor of a dtype the host backend reduces, with an op that means
+                # the same on all of them. It declines anything else, having run nothing, and the all_reduce row
+                # (_reduce.py) runs the call with the same result.
+                host = self._host
+                if host is not None and not self._p2p and not host[0]._closed:
+                    try:
+                        if host[1](tensors, opts):
+                            return self._done.get(tensors)
+                    except (CollectiveTimeout, RemoteError) as e:
+                        host[0]._failure(e)  # as Communicator.all_reduce records it: the flight recorder's dump
+                        raise
+        except GpucollError as e:
+            torch_error(e)
+            raise
+        return self._allreduce(tensors, opts)
 
     def barrier(self, opts=None):
         """On GPU `device_ids[0]` where torch names one (``dist.barrier(device_ids=[i])``, as NCCL does), else on a
@@ -315,13 +335,7 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
 
     def shutdown(self) -> None:
         """Closes this group's communicators (called by destroy_process_group)."""
-        self._closed = True
-        comms, self._comms, self._host = dict(self._comms), {}, None
-        for comm in comms.values():
-            try:
-                comm.close()
-            except Exception as e:  # noqa: BLE001 - teardown never raises
-                _log.debug(f"closing a gpucoll communicator failed: {e}")
+        self._end("close", "closing")
         if self._cpu_backend is not None and hasattr(self._cpu_backend, "shutdown"):
             try:
                 self._cpu_backend.shutdown()
@@ -329,33 +343,16 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
                 _log.debug(f"shutting down the CPU backend failed: {e}")
 
     def abort(self) -> None:
-        comms, self._comms, self._host = dict(self._comms), {}, None
+        self._end("abort", "aborting")
+
+    def _end(self, how: str, doing: str) -> None:
         self._closed = True
+        comms, self._comms, self._host = dict(self._comms), {}, None
         for comm in comms.values():
             try:
-                comm.abort()
-            except Exception as e:  # noqa: BLE001
-                _log.debug(f"aborting a gpucoll communicator failed: {e}")
-
-    # -- helpers --------------------------------------------------------------------------------------------------
-    def _root(self, what: str, value, name: str = "root") -> int:
-        value = int(value)
-        if not 0 <= value < self.size():
-            raise InvalidArgument(f"{what}: {name} rank {value} is not in this group of {self.size()}")
-        return value
-
-    @staticmethod
-    def _check_same_dtype(what, a, b) -> None:
-        if a.dtype != b.dtype:
-            raise InvalidArgument(f"{what}: input and output need one dtype; got {b.dtype} and {a.dtype}")
-
-    def _check_list(self, what: str, arg: str, tensors, like) -> None:
-        if len(tensors) != self.size():
-            raise InvalidArgument(f"{what}: {arg} needs world_size ({self.size()}) tensors; got {len(tensors)}")
-        for t in tensors:
-            if t.dtype != like.dtype or t.numel() != like.numel():
-                raise InvalidArgument(f"{what}: every tensor of {arg} needs the dtype and size of the tensor "
-                                      f"({like.dtype}, {like.numel()} elements); got {t.dtype} with {t.numel()}")
+                getattr(comm, how)()
+            except Exception as e:  # noqa: BLE001 - teardown never raises
+                _log.debug(f"{doing} a gpucoll communicator failed: {e}")
 
     @staticmethod
     def _combine(works, outputs) -> Work:
@@ -369,9 +366,14 @@ class ProcessGroupGpucoll(ReduceMixin, GatherMixin, AllToAllMixin, PointToPointM
         return Work(outputs, works=gathered, event=event, device=device, deps=deps)
 
 
-# What torch calls raises torch's error types as well as gpucoll's (gpucoll/torch/errors.py).
-raise_torch_errors_from(ProcessGroupGpucoll, private=("_allgather_base", "_reduce_scatter_base", "_start_coalescing",
-                                                      "_end_coalescing", "_set_sequence_number_for_group"))
+# The collectives, one method per row (each translates its own errors).
+for _name, _fn in methods((*_reduce.ROWS, *_gather.ROWS, *_alltoall.ROWS)).items():
+    setattr(ProcessGroupGpucoll, _name, _fn)
+del _name, _fn
+
+# What else torch calls raises torch's error types as well as gpucoll's (gpucoll/torch/errors.py).
+raise_torch_errors_from(ProcessGroupGpucoll, private=("_start_coalescing", "_end_coalescing",
+                                                      "_set_sequence_number_for_group"))
 
 
 @raises_torch_errors

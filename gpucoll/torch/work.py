@@ -202,8 +202,8 @@ class _Done(Work):
 
 
 class DoneWorks:
-    """The completed Works of one process group's one-call path (ReduceMixin.allreduce). The Work of the last call
-    is handed out again while nothing but this holds it: dist.all_reduce(t) waits on its Work and drops it, and
+    """The completed Works of one process group's one-call path (ProcessGroupGpucoll.allreduce). The Work of the last
+    call is handed out again while nothing but this holds it: dist.all_reduce(t) waits on its Work and drops it, and
     making a new one is a fifth of that call. Any holder keeps its Work from being reused: a Python reference
     (torch's C++ side holds a Python Work through one), or a weak reference."""
 

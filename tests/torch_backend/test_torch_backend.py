@@ -602,7 +602,7 @@ def test_old_torch_refused():
 
 def test_premul_factor_without_the_factor_property():
     """torch 2.11 (the GPU machines') has no ReduceOp.factor: the factor comes from the op's pickled state."""
-    from gpucoll.torch._call import _premul_factor
+    from gpucoll.torch._convert import premul_factor
 
     class Torch211Op:  # what 2.11's ReduceOp offers: op and __getstate__ (op, factor)
         def __init__(self, op):
@@ -613,7 +613,7 @@ def test_premul_factor_without_the_factor_property():
 
     for factor, want in ((0.5, 0.5), (torch.tensor([0.25]), 0.25)):
         op = dist._make_nccl_premul_sum(factor)
-        assert _premul_factor(op) == want and _premul_factor(Torch211Op(op)) == want
+        assert premul_factor(op) == want and premul_factor(Torch211Op(op)) == want
 
 
 def test_group_answers_torchs_backend_lookup():

@@ -1,9 +1,10 @@
-"""`dist.all_reduce(t)` on a CPU tensor, waited for at once: the torch backend's one-call path (ReduceMixin.allreduce:
-`t` straight to the host backend's one-call all_reduce, which reads the tensor in C++) must give exactly what the
-general path gives, for every dtype and op it takes, and must step aside (the general path runs) wherever its
-conditions do not hold: async_op, a non-contiguous or lazily negated tensor, PREMUL_SUM (a call after an async one
-takes it: the host communicator runs its operations in call order). Each rank counts the one-call path's calls (a
-spy on the communicator's fast path), so a path that silently stopped being taken fails here too."""
+"""`dist.all_reduce(t)` on a CPU tensor, waited for at once: the torch backend's one-call path
+(ProcessGroupGpucoll.allreduce: `t` straight to the host backend's one-call all_reduce, which reads the tensor in
+C++) must give exactly what the general path gives, for every dtype and op it takes, and must step aside (the general
+path runs) wherever its conditions do not hold: async_op, a non-contiguous or lazily negated tensor, PREMUL_SUM (a
+call after an async one takes it: the host communicator runs its operations in call order). Each rank counts the
+one-call path's calls (a spy on the communicator's fast path), so a path that silently stopped being taken fails here
+too."""
 
 from __future__ import annotations
 
