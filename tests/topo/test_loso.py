@@ -142,7 +142,7 @@ def test_topo_cli_and_explain_show_the_interval(capsys):
     fix = str(ROOT / "tests" / "fixtures" / "topo" / "h100_8x_nvsmi.txt")
     assert topo_cli.main(["--from-nvidia-smi", fix, "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
-    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 10 published nvswitch" in out
+    assert "busbw range" in out and "NCCL model's interval at 1 GiB: 13 published nvswitch" in out
     row = next(line for line in out.splitlines() if line.strip().startswith("1 GiB"))
     lo, hi = row.split()[7].split("-")
     assert float(lo) < float(row.split()[6]) < float(hi)
