@@ -94,6 +94,7 @@ class Nccl(Backend):
         self._sum = _C.RedOp.sum
         self._error = None
         self._failing = False  # _fail is writing the hang report of the first failure
+        self._failed = threading.Event()  # set once _error is: a second failing thread waits for the first's error
         self._arrivals = Arrivals(comm, store, prefix, rank, world_size)  # stragglers() (nccl_arrivals.py)
         self._lock = threading.Lock()
         self._inflight = {}  # id(Work) -> (Work, objects it uses): async ops keep their buffers alive until done
@@ -137,27 +138,41 @@ class Nccl(Backend):
             raise _copy_error(err)
 
     def _fail(self, err: GpucollError) -> None:
+        """Records `err` as the communicator's failure and aborts it. On return `_error` is set: where another thread
+        is recording a failure already (the watchdog naming lost ranks from their heartbeats takes seconds), this
+        one waits for that error, the communicator's, rather than return before there is one to raise."""
         with self._lock:
-            if self._error is not None or self._failing:
-                return
+            first = self._error is None and not self._failing
             self._failing = True
-        if isinstance(err, NcclError) and "ncclRemoteError" in err.message:
-            err = self._heartbeat.name_lost(err, self._stop.wait)
-        # The hang report first (bounded: a quarter of the timeout, at most 10 s): every later raise of `err`, a
-        # synchronize() released by the abort below included, then carries where every rank is and the dump.
-        trace = getattr(self.impl, "trace", None)  # tests stand in for the native communicator without one
-        if isinstance(err, CollectiveTimeout) and trace is not None:
-            try:
-                flight_recorder.on_failure(flight_recorder.Source(
-                    self.rank, self.world_size, self._timeout, "nccl", trace, self.trace_key, lambda: None,
-                    flight_recorder.who_in_store(self._store, f"{self._prefix}joined/")),
-                    self._store, err)
-            except Exception as e:  # noqa: BLE001 - the failure must be recorded and the communicator aborted
-                _log.warn(f"the flight recorder's report failed: {type(e).__name__}: {e}")
-        with self._lock:
-            self._error = err  # set before the abort: a synchronize() released by the abort must see it
-        _log.error(str(err))
-        self.impl.abort(err.message)
+        if not first:
+            # Bounded: the first thread's naming and hang report are (2 s of heartbeats, a quarter of the timeout).
+            if not self._failed.wait(self._timeout + 30.0):
+                _log.warn("the communicator's failure was not recorded in time; raising this thread's own error")
+                with self._lock:
+                    if self._error is None:
+                        self._error = err
+            return
+        recorded = err
+        try:
+            if isinstance(err, NcclError) and "ncclRemoteError" in err.message:
+                recorded = self._heartbeat.name_lost(err, self._stop.wait)
+            # The hang report first (bounded: a quarter of the timeout, at most 10 s): every later raise of the
+            # error, a synchronize() released by the abort below included, then carries where every rank is.
+            trace = getattr(self.impl, "trace", None)  # tests stand in for the native communicator without one
+            if isinstance(recorded, CollectiveTimeout) and trace is not None:
+                try:
+                    flight_recorder.on_failure(flight_recorder.Source(
+                        self.rank, self.world_size, self._timeout, "nccl", trace, self.trace_key, lambda: None,
+                        flight_recorder.who_in_store(self._store, f"{self._prefix}joined/")),
+                        self._store, recorded)
+                except Exception as e:  # noqa: BLE001 - the failure must be recorded and the communicator aborted
+                    _log.warn(f"the flight recorder's report failed: {type(e).__name__}: {e}")
+        finally:
+            with self._lock:
+                self._error = recorded  # set before the abort: a synchronize() released by the abort must see it
+            self._failed.set()
+        _log.error(str(recorded))
+        self.impl.abort(recorded.message)
 
     def check_buffer(self, buf, arg: str) -> None:
         _cuda_buffers.check_device(buf, arg, self.ordinal)

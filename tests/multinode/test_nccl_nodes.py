@@ -119,7 +119,7 @@ def test_a_cut_cable_mid_collective_is_named_on_every_survivor(nodes, per_node, 
         if res.rank in lost:
             continue  # the far side of the cut loses everyone
         seen = _report(res)
-        assert seen["error"] == "RemoteError" and seen["fails"] in ([], [seen["ops"] - 1]), seen
+        assert seen["error"] == "RemoteError" and seen["fails"] in ([], [seen["ops"] - 1]), (seen.get("message"), seen)
         assert f"lost host {c.hostnames[victim]} ({lost_text})" in seen["message"], seen["message"]
         # The lost ranks as gpucoll itself names them, not from the stand-in's text: those whose heartbeat through
         # the rendezvous store stood still (backends/nccl_liveness.py), so that shrink need not wait for them.
@@ -141,7 +141,7 @@ def test_the_survivor_that_names_a_lost_host_first_tells_the_others():
         results = job.wait(timeout=5)
     for res in (results[1], results[3]):
         seen = _report(res)
-        assert seen["error"] == "RemoteError" and seen["ranks"] == [2], seen
+        assert seen["error"] == "RemoteError" and seen["ranks"] == [2], (seen.get("message"), seen)
         assert f"rank 0 (host {c.hostnames[0]}" in seen["message"], seen["message"]
         assert "gave up on the communicator" in seen["message"], seen["message"]
         assert f"lost host {c.hostnames[2]} (rank 2)" in seen["message"], seen["message"]
@@ -155,7 +155,7 @@ def test_the_survivors_of_a_cut_shrink_to_an_nccl_communicator_across_the_other_
         results = job.wait(timeout=TIMEOUT_S + 30)
     for res in (results[0], results[1], results[3]):
         seen = _report(res)
-        assert seen["error"] == "RemoteError" and seen["ranks"] == [2], seen
+        assert seen["error"] == "RemoteError" and seen["ranks"] == [2], (seen.get("message"), seen)
         assert seen["shrunk"] == [[0, 1, None, 2][res.rank], 3, "nccl"] and seen["shrunk_fails"] == [], seen
         # shrink() without exclude=: the error named rank 2, so nobody waited for it (gpucoll's timeout is 20 s).
         assert seen["shrink_s"] < 5.0, seen
@@ -170,7 +170,7 @@ def test_a_killed_node_is_named_at_once():
         results = job.wait(timeout=5)
     for res in results[:2]:
         seen = _report(res)
-        assert seen["error"] == "RemoteError" and seen["fails"] in ([], [seen["ops"] - 1]), seen
+        assert seen["error"] == "RemoteError" and seen["fails"] in ([], [seen["ops"] - 1]), (seen.get("message"), seen)
         assert seen["ranks"] == [2, 3], seen
         assert re.search(r"rank [23] \(host " + re.escape(c.hostnames[1]), seen["message"]), seen["message"]
         assert "closed its connection" in seen["message"]
@@ -188,5 +188,5 @@ def test_a_cable_down_for_2_s_and_back_is_survived_exactly():
         results = job.wait(timeout=60)
     for res in results:
         seen = _report(res)
-        assert seen["error"] is None and seen["fails"] == [], seen
+        assert seen["error"] is None and seen["fails"] == [], (seen.get("message"), seen)
         assert seen["ops"] >= 20

@@ -35,6 +35,7 @@ from gpucoll.errors import (
     CudaError,
     InvalidArgument,
     InvalidUsage,
+    NcclError,
     RemoteError,
     Unsupported,
 )
@@ -516,6 +517,36 @@ def test_watchdog_timeout_names_operation_seq_and_missing_ranks(store, fast_watc
     finally:
         backend.close()
     assert comm.closed
+
+
+def test_a_second_thread_failing_raises_the_failure_the_first_is_recording(store):
+    """The watchdog names the lost ranks of an ncclRemoteError from their heartbeats, which takes seconds; a call
+    that fails meanwhile (its native call found the communicator aborted) must raise that failure, not return
+    before there is one (it used to raise AttributeError: the recorded error was still None)."""
+    comm = FakeComm()
+    backend = make_backend(store, comm, timeout=5.0)
+    naming = threading.Event()
+
+    def slow_name_lost(err, should_stop):
+        naming.set()
+        time.sleep(0.5)
+        return RemoteError(f"{err.message}; lost: rank(s) [2]", call=err.call, ranks=(2,))
+
+    backend._heartbeat.name_lost = slow_name_lost
+    remote = NcclError("ncclRemoteError: remote process exited or there was a network error", call="all_reduce")
+    first = threading.Thread(target=backend._fail, args=(remote,))
+    try:
+        first.start()
+        assert naming.wait(5)
+        comm.aborted = "aborted by the watchdog"  # what the native call sees: the communicator is not usable
+        t0 = time.monotonic()
+        raised = backend._native_failed(NcclError("ncclInvalidUsage: the communicator was aborted"), 1)
+        assert type(raised) is RemoteError and raised.ranks == (2,) and "lost: rank(s) [2]" in raised.message
+        assert 0.2 < time.monotonic() - t0 < 5.0  # it waited for the first thread's error
+        first.join(5)
+        assert backend._error.ranks == (2,) and raised is not backend._error
+    finally:
+        backend.close()
 
 
 def test_watchdog_publishes_progress_without_waiting_behind_the_ranks_own_store_wait(store):
