@@ -34,6 +34,18 @@ struct Counts {
   double per_byte = 0;  // the busiest rank's bytes (max of read and read-from) per message byte
 };
 
+// Why schedule `name` cannot serve (coll, nranks, local), without running it ("" where it can): what counts()
+// reports before its checker, for callers that have other reasons to give up first.
+std::string inapplicable(const std::string& name, algo::Coll coll, int nranks, int local) {
+  const algo::Algorithm* a = algo::find_algorithm(name);
+  if (a == nullptr) return "no schedule named " + name;
+  if (!a->supports(coll)) return std::string(name) + " does not implement " + algo::coll_name(coll);
+  const char* why = a->unusable(algo::Params{coll, nranks, 0, local});
+  return why != nullptr ? why : "";
+}
+
+// The schedule's steps and busiest-rank bytes, from running it through the checker (cached). That run's cost grows
+// steeply with the rank count (minutes at 256 ranks), so candidates ask for it only once nothing else rules them out.
 const Counts& counts(const std::string& name, algo::Coll coll, int nranks, int local) {
   static std::mutex mu;
   static std::map<std::tuple<std::string, int, int, int>, Counts> cache;
@@ -168,10 +180,12 @@ Candidate custom(const Ctx& x, const std::string& name) {
   c.algorithm = name;
   c.confidence = kCustomConfidence;
   const int P = x.lay.nranks();
-  const Counts k = counts(name, x.coll, P, P);
-  if (!k.ok) return c.reason = k.error, c;
+  const std::string no = inapplicable(name, x.coll, P, P);
+  if (!no.empty()) return c.reason = no, c;
   if (x.lay.nodes > 1) return c.reason = "P2P kernels work inside one node; this job spans " +
                                          std::to_string(x.lay.nodes) + " nodes", c;
+  const Counts k = counts(name, x.coll, P, P);
+  if (!k.ok) return c.reason = k.error, c;
   const std::vector<int>& g = x.node0;
   double bw = 0;
   LinkClass cls = LinkClass::kSelf;
@@ -227,11 +241,10 @@ Candidate hierarchical(const Ctx& x, bool custom_ok) {
   c.backend = "custom+nccl";
   c.confidence = kCustomConfidence;
   const int P = x.lay.nranks(), L = x.lay.local, N = x.lay.nodes;
-  const Counts k = counts("hierarchical", x.coll, P, L);
-  if (!k.ok) return c.reason = k.error, c;
+  const std::string no = inapplicable("hierarchical", x.coll, P, L);
+  if (!no.empty()) return c.reason = no, c;
   if (N < 2) return c.reason = "a single node: nothing to split (the flat algorithms are the same schedule)", c;
   const int intra_steps = 2 * (L - 1), inter_steps = 2 * (N - 1);
-  GPUCOLL_INTERNAL_CHECK(intra_steps + inter_steps == k.steps);
   // Our kernels take the intra-node phases only when the custom backend can and every node has P2P between all
   // its ranks' GPUs; otherwise NCCL runs the whole call (its own trees are two-level across nodes).
   std::string why = custom_ok ? "" : "the custom backend cannot run the intra-node phases";
@@ -243,6 +256,9 @@ Candidate hierarchical(const Ctx& x, bool custom_ok) {
     }
   }
   if (!why.empty()) return c.reason = why + "; NCCL's own algorithms are two-level across nodes", c;
+  const Counts k = counts("hierarchical", x.coll, P, L);
+  if (!k.ok) return c.reason = k.error, c;
+  GPUCOLL_INTERNAL_CHECK(intra_steps + inter_steps == k.steps);
   c.link_class = "NET";
   c.steps = k.steps;
   c.bytes = k.per_byte * x.S;
