@@ -50,7 +50,7 @@ def calibrated(tmp_path_factory):
         # The emulated device's times on a machine loaded by other tests (CI runs two workers on two cores) spread
         # by half and more from round to round: no line fits them, and the fit is rightly rejected. That says
         # nothing of the mechanics, which a quieter run checks; a failure on quiet timings still fails.
-        pytest.skip(f"the machine was too loaded to calibrate (median spread of the sizes' rounds over "
+        pytest.skip(f"the machine was too loaded to calibrate (a size's rounds spread over "
                     f"{_NOISY:.0%}):\n{r.stdout[-1500:]}")
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text()), wall, r.stdout, out
