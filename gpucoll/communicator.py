@@ -59,8 +59,7 @@ def _parse_op(op):
 
 
 def _result(work, value):
-    """What an async_op=True call returns: the backend's Work, or a completed one where the call finished (both
-    gpucoll._C.Work)."""
+    """What an async_op=True call returns: the backend's gpucoll._C.Work, or a completed one."""
     if work is None:
         return _C.Work(value)
     work._result = value
@@ -82,13 +81,10 @@ class Communicator:
         self._local_size = local_size
         self._close_reason = "close() was called"
         self._failed: set = set()  # ranks named by a CollectiveTimeout or RemoteError of this communicator
-        self._shrinks = 0
-        self._grows = 0
-        self._group_depth = 0
+        self._shrinks = self._grows = self._group_depth = 0
         self._group_refs: list = []  # buffers of the operations queued in the open group()
-        self._ops = ops  # everything that depends on the backend (gpucoll/backends/base.py)
-        if make_host is not None:  # backend='auto' on a GPU: CPU buffers on a host communicator (router.py)
-            self._ops = Router(self._ops, make_host)
+        # Everything that depends on the backend (backends/base.py); with backend='auto' on a GPU, its Router.
+        self._ops = ops if make_host is None else Router(ops, make_host)
         # The host backend's one-call path for the commonest call, all_reduce(x) of a NumPy array in place.
         self._fast_all_reduce = getattr(self._ops, "fast_all_reduce", None)
 
@@ -384,9 +380,7 @@ class Communicator:
     def _fused(self, work, value, async_op: bool):
         if not async_op:
             return value
-        if work is not None and work.device is None:  # on another thread: its failure is recorded as _run's are
-            work.add_done_callback(functools.partial(self._ended, work))
-        return _result(work, value)
+        return _result(self._watch(work), value)
 
     def reduce_scatter(self, x, out=None, op="sum", algo="auto", *, stream=None, async_op=False):
         """Reduce `x` across ranks and give rank r the r-th of ``world_size`` equal blocks along axis 0."""
@@ -525,7 +519,11 @@ class Communicator:
         except (CollectiveTimeout, RemoteError) as e:
             self._failure(e)
             raise
-        if async_op and work is not None and work.device is None:  # on another thread (the host backend's)
+        return self._watch(work) if async_op else work
+
+    def _watch(self, work):
+        """`work`; one that runs on another thread (the host backend's) has its failure recorded when it ends."""
+        if work is not None and work.device is None:
             work.add_done_callback(functools.partial(self._ended, work))
         return work
 
