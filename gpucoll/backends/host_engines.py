@@ -14,9 +14,11 @@ An engine's failure is an EngineFailure with gloo's or MPI's own words; HostNode
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import os
+import weakref
 
 import numpy as np
 
@@ -116,6 +118,24 @@ def _gloo_store(base, timeout: float):
     return GlooStore()
 
 
+# Every gloo engine not yet closed. gloo runs each operation on a worker thread of its process group, which drops
+# its reference to the operation (and to the tensors in it) when the operation ends. One that timed out here may
+# end on that thread later, after the caller has moved on; if that is during the interpreter's finalization, torch
+# must take the GIL to release the tensors' Python objects, Python ends the thread instead (pthread_exit), and the
+# unwinding through torch's destructor aborts the process ("terminate called without an active exception", after
+# a job that had recovered and finished). Closing every engine at exit, while Python still runs, destroys each
+# process group, whose destructor joins its worker threads: what they still hold is released before finalization.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for engine in list(_LIVE):
+        engine.close()
+
+
+atexit.register(_close_all)
+
+
 class Gloo:
     """A gloo process group over `size` ranks meeting in `store`."""
 
@@ -127,6 +147,14 @@ class Gloo:
         self.rank, self.size = rank, size
         self.pg = dist.ProcessGroupGloo(_gloo_store(store, timeout), rank, size,
                                         datetime.timedelta(seconds=float(timeout)))
+        _LIVE.add(self)
+
+    def close(self) -> None:
+        """Destroys the process group now, even while a failed call's traceback still holds this engine: its
+        destructor (which torch runs without the GIL) waits for gloo's worker threads, so an operation that timed
+        out here and still runs there (until gloo's own timeout) ends first. Idempotent."""
+        self.pg = None
+        _LIVE.discard(self)
 
     def _t(self, arr: np.ndarray):
         return self._torch.from_numpy(arr) if arr.size else self._torch.empty(0, dtype=self._torch.uint8)

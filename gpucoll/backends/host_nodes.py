@@ -416,6 +416,9 @@ class HostNodes(Backend):
 
     def close(self) -> None:
         self.local.close()
+        for engine in (self.leaders, self.world):
+            if engine is not None and hasattr(engine, "close"):
+                engine.close()
         self.leaders = self.world = None
 
 

@@ -159,14 +159,18 @@ class Job:
     def poll(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
 
-    def wait(self, timeout: float) -> list[RankResult]:
+    def wait(self, timeout: float, *, abandon=()) -> list[RankResult]:
         """Every rank's result. A rank still running after `timeout` seconds is killed, and its result says so
-        (returncode -9 and a line on stderr) rather than the wait raising: the other ranks' output is evidence."""
+        (returncode -9 and a line on stderr) rather than the wait raising: the other ranks' output is evidence.
+        Ranks in `abandon` (a node cut off, whose ranks wait forever on the far side) are not waited for: they are
+        killed as soon as every other rank has ended."""
         deadline = time.monotonic() + timeout
         late = set()
-        for r, p in enumerate(self.procs):
+        order = [r for r in range(len(self.procs)) if r not in abandon] + sorted(set(abandon))
+        for r in order:
+            p = self.procs[r]
             try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                p.wait(timeout=0.0 if r in abandon else max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 late.add(r)
                 p.kill()
@@ -175,7 +179,8 @@ class Job:
         for r, p in enumerate(self.procs):
             out, err = (_read(path) for path in self._logs[r])
             if r in late:
-                err += f"\n[gpucoll.testing.cluster: rank {r} still running after {timeout:g} s; killed]\n"
+                err += (f"\n[gpucoll.testing.cluster: rank {r} still running "
+                        f"{'when the others had ended' if r in abandon else f'after {timeout:g} s'}; killed]\n")
             results.append(RankResult(r, self.cluster.node_of(r), p.returncode, out, err))
         return results
 
@@ -328,6 +333,9 @@ class Cluster:
                         "MASTER_PORT") or name.startswith(("SLURM_", "OMPI_COMM_WORLD_", "PMI_", "TORCHELASTIC_")):
                 del full[name]
         full["HOME"] = self.home(node)
+        # A rank that dies of a signal (an abort in native code) prints every thread's Python stack: the evidence a
+        # rare crash in CI leaves.
+        full.setdefault("PYTHONFAULTHANDLER", "1")
         full.update(env or {})
         cmd = ["ip", "netns", "exec", self.netns(node), "unshare", "--uts", "--mount", "--", "sh", "-c", _ENTER,
                "sh", os.path.join(self.workdir, "hosts"), self.hostnames[node], *map(str, argv)]
