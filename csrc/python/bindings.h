@@ -47,7 +47,8 @@ using NoGilHolder = std::unique_ptr<T, DeleteWithoutGil<T>>;
 // The host memory of a NumPy array or a CPU torch.Tensor in its plain case (host_array.cc): writable,
 // C-contiguous, non-empty, of a dtype the host backend reduces. read() is true and fills data, count and dtype
 // for one; false for anything else, before anything is touched (the Python path then decides and names the
-// problem). Made, read and destroyed with the GIL held: a NumPy array's buffer is released at destruction.
+// problem). Made, read and destroyed with the GIL held: a NumPy array is read from its object's fields
+// (host_array.cc), else its buffer is held until destruction.
 class HostArrayView {
  public:
   HostArrayView() = default;
