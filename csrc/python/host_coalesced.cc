@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backends/host/host_comm.h"
+#include "backends/host/kernels.h"
 #include "core/error.h"
 #include "python/bindings.h"
 
@@ -69,9 +70,9 @@ void copy_span(const std::vector<Piece>& pieces, const Span& s, char* staging, b
     const int64_t off = i == s.begin ? s.skip : 0;
     const int64_t take = std::min(s.bytes - done, p.bytes - off);
     if (pack) {
-      std::memcpy(staging + done, p.ptr + off, static_cast<size_t>(take));
+      host::copy_bytes(staging + done, p.ptr + off, static_cast<size_t>(take));
     } else {
-      std::memcpy(p.ptr + off, staging + done, static_cast<size_t>(take));
+      host::copy_bytes(p.ptr + off, staging + done, static_cast<size_t>(take));
     }
     done += take;
   }

@@ -2,14 +2,51 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "core/dispatch.h"
 
 namespace gpucoll::host {
 
+void copy_bytes(void* dst, const void* src, size_t n) noexcept {
+  // glibc's memcpy moves a block of this size and more with `rep movsb`, which on AMD Zen (seen on this project's
+  // EPYC machines, glibc 2.36) runs about 12x slower when the destination lies 1 to 63 bytes past the source
+  // modulo 4 KiB: 125 us instead of 10 for 256 KiB. That is the everyday case here. A work buffer starts on a
+  // page; a large NumPy array 16 bytes past one (malloc's header), so every copy out of the buffer into the user's
+  // array hit it: a 1 MiB all_reduce on one rank took 570 us where the same array 64 bytes further took 80.
+  // Those copies go through 16-byte vector moves instead, which have no such case.
+  constexpr size_t kRepMovsbFrom = 2048;
+  const auto gap = (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & 4095u;
+#if defined(__SSE2__)
+  if (n >= kRepMovsbFrom && gap != 0 && gap < 64) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + i, s + i, n - i);  // under 64 bytes: no rep movsb
+    return;
+  }
+#else
+  (void)gap;
+  (void)kRepMovsbFrom;
+#endif
+  std::memcpy(dst, src, n);
+}
+
 void copy_elems(void* dst, const void* src, int64_t count, DType dtype) noexcept {
   if (count <= 0 || dst == src) return;
-  std::memcpy(dst, src, static_cast<size_t>(count) * dtype_size(dtype));
+  copy_bytes(dst, src, static_cast<size_t>(count) * dtype_size(dtype));
 }
 
 namespace {

@@ -10,6 +10,8 @@
 
 namespace gpucoll::host {
 
+// memcpy for buffers that do not overlap, without glibc's slow case on AMD (kernels.cc).
+void copy_bytes(void* dst, const void* src, size_t n) noexcept;
 void copy_elems(void* dst, const void* src, int64_t count, DType dtype) noexcept;
 // dst[i] = op(dst[i], src[i]); kAvg reduces as a sum (see premul_copy and avg_divide).
 void reduce_into(void* dst, const void* src, int64_t count, DType dtype, RedOp op) noexcept;

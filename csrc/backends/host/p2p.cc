@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "backends/host/host_comm.h"
+#include "backends/host/kernels.h"
 #include "backends/host/region.h"
 #include "core/error.h"
 
@@ -65,7 +66,7 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
           auto* hdr = reinterpret_cast<SlotHeader*>(s);
           hdr->message_bytes = static_cast<uint64_t>(op.bytes);
           hdr->piece_bytes = len;
-          if (len > 0) std::memcpy(s + kSlotHeaderBytes, static_cast<const char*>(op.buf) + off, len);
+          if (len > 0) copy_bytes(s + kSlotHeaderBytes, static_cast<const char*>(op.buf) + off, len);
           publish(&pc->sent, static_cast<uint32_t>(piece + 1));
         } else {
           PairCtl* pc = pair(op.peer, opt_.rank);
@@ -80,7 +81,7 @@ void HostComm::p2p(const std::vector<P2POp>& ops) {
                                 " sent ", hdr->message_bytes, " bytes (sizes and dtypes of matching send/recv must "
                                 "agree)");
           }
-          if (len > 0) std::memcpy(static_cast<char*>(op.buf) + off, s + kSlotHeaderBytes, len);
+          if (len > 0) copy_bytes(static_cast<char*>(op.buf) + off, s + kSlotHeaderBytes, len);
           publish(&pc->acked, static_cast<uint32_t>(piece + 1));
         }
         ++pr.next;
