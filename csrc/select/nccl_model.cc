@@ -296,8 +296,9 @@ struct Timed {
 // leave every GPU one way only (P2P pairs behind switches joined through the CPU) keeps its PCIe share. So where
 // some GPU stages both ways, the ring's bus bandwidth is the lesser of its share and shm_host_bw, a rate per GPU
 // (each GPU's reads wait on its own writes); LL's 16-byte lines carry 8 bytes of data, so it moves half of that.
-// Two GPUs on one host are all the data has: how the rate goes with more GPUs or across sockets it cannot say
-// (the intervals widen for both).
+// Two GPUs within one socket are all the data has: how the rate goes with more GPUs per host (the intervals widen
+// for ranks per node outside the evidence) or across sockets (they do not: no path kind says which sockets it
+// crosses yet) it cannot say.
 double shm_host_cap(int p, const NcclParams& prm) {
   return prm.shm_host_bw * (p == kLL ? 0.5 : p == kLL128 ? 120.0 / 128 : 1.0);
 }
