@@ -8,7 +8,7 @@ and tests/topo/test_loso.py checks the table against the dataset.
 
 The fit starts from, and is held towards, a prior that no published point produced (:data:`PRIOR`): NCCL's own
 tuner units (every efficiency 1) and step costs of the order of one flag round trip. Without that, a parameter that
-only the left-out system informs (the SHM efficiency when the only no-P2P system is out) would keep the value the
+only the left-out system informs (the host's SHM rate when one of the two no-P2P pairs is out) would keep the value the
 shipped defaults got from that very system, and the left-out prediction would not be honest.
 """
 
@@ -23,13 +23,14 @@ import numpy as np
 from gpucoll import _published as P
 from gpucoll._native import _C
 
-FITTED = ["t0_s", "eta_simple", "eta_ll128", "eta_ll", "step_simple_s", "eta_nvls", "step_nvls_s", "eta_shm",
+FITTED = ["t0_s", "eta_simple", "eta_ll128", "eta_ll", "step_simple_s", "eta_nvls", "step_nvls_s", "shm_host_bw",
           "eta_net", "eta_nvls_tree", "eta_efa"]
 # Why each prior: NCCL's tuner tables are in the units Simple achieves (eta 1); a kernel launch plus nccl-tests'
 # timing loop is a few microseconds; one pipeline step waits for a flag written by a peer over NVLink/PCIe, about a
-# microsecond either way (NCCL's own per-hop latencies in tuning.cc are 0.6-5.7 us).
+# microsecond either way (NCCL's own per-hop latencies in tuning.cc are 0.6-5.7 us); the host stages through its
+# memory what a PCIe gen-3 x16 link carries in NCCL's units (12 GB/s): no limit of its own beyond the link.
 PRIOR = {"t0_s": 5e-6, "eta_simple": 1.0, "eta_ll128": 1.0, "eta_ll": 1.0, "step_simple_s": 2e-6, "eta_nvls": 1.0,
-         "step_nvls_s": 2e-6, "eta_shm": 1.0, "eta_net": 1.0, "eta_nvls_tree": 1.0, "eta_efa": 1.0}
+         "step_nvls_s": 2e-6, "shm_host_bw": 12e9, "eta_net": 1.0, "eta_nvls_tree": 1.0, "eta_efa": 1.0}
 PRIOR_SIGMA = 10.0  # in log space: weak; it decides only what the training systems leave open
 
 
@@ -125,8 +126,25 @@ def levenberg_marquardt(residuals, start: dict, iters: int = 25) -> dict:
 
 def fit(systems: list, iters: int = 25, start: dict | None = None) -> dict:
     """The efficiencies fitted to the systems' scored points, held towards PRIOR; starts from `start` (default:
-    the prior)."""
-    return levenberg_marquardt(Evaluator(systems).residuals, start or PRIOR, iters)
+    the prior).
+
+    A parameter that enters the model as a bound (the host's SHM rate caps a ring's bandwidth) has no gradient
+    where the bound does not bind: started above every training system's other limits, the fit never finds the
+    rate the data asks for (with one no-P2P pair left out, the other pair's 4 GB/s is then put down to nothing).
+    So each such parameter, flat at the start, is tried again from a tenth of its start, and the lower cost
+    wins; a parameter that no training system informs stays flat from both and keeps the prior's pull."""
+    ev = Evaluator(systems)
+    start = dict(start or PRIOR)
+    best = levenberg_marquardt(ev.residuals, start, iters)
+    base = {**dict(_C.topo_nccl_params("")), **start}
+    r0 = ev.residuals(base)[:-len(FITTED)]
+    flat = [k for k in FITTED if np.array_equal(ev.residuals({**base, k: base[k] * 1.5})[:-len(FITTED)], r0)]
+    if flat:
+        other = levenberg_marquardt(ev.residuals, {**start, **{k: start[k] / 10 for k in flat}}, iters)
+        cost = [float(ev.residuals(x) @ ev.residuals(x)) for x in (best, other)]
+        if cost[1] < cost[0]:
+            best = other
+    return best
 
 
 def loso(doc: dict | None = None, iters: int = 25, only: list | None = None) -> list:

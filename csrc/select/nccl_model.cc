@@ -50,13 +50,13 @@ constexpr int kRingChunkSteps = 4, kNvlsChannels = 16, kMaxChannels = 32;
 // every other size of Azure ND A100 v4 (NCCL 2.18.5) and of 2x RTX 2080 Ti without P2P, and NVIDIA/nccl#1221
 // (2 and 4 nodes x 8 H100, 8x 400G RoCE, NCCL 2.19.3). What they mean: NCCL's NVLink/PCIe units are what Simple
 // achieves (0.99); LL128 reaches 0.6 and LL 0.71 of what NCCL's tuner credits them with; NVLS moves 1.47x the
-// GPU's NVLink rate in bus bandwidth (the switch reduces); host staging (SHM) gets 0.69 of its share of the PCIe
-// path (shm_ring_bw: the pair shares its switch's uplink, so half of 12 GB/s each way; 0.35 of the whole before);
-// NICs 0.94 of line rate; each Simple pipeline step costs 2.4 us and each NVLS step 8 us beyond its bytes;
-// nccl-tests' per-call overhead is 6.3 us.
+// GPU's NVLink rate in bus bandwidth (the switch reduces); the host stages 4.1 GB/s per GPU through its memory
+// (SHM, shm_host_cap: the no-P2P pair's 4 GB/s, below its 6 GB/s share of the PCIe path); NICs 0.94 of line
+// rate; each Simple pipeline step costs 2.4 us and each NVLS step 8 us beyond its bytes; nccl-tests' per-call
+// overhead is 6.3 us.
 constexpr NcclParams kDefaults = {
     /*t0_s*/ 6.35e-6, /*eta_simple*/ 0.991, /*eta_ll128*/ 0.598, /*eta_ll*/ 0.714, /*step_simple_s*/ 2.36e-6,
-    /*eta_nvls*/ 1.473, /*step_nvls_s*/ 8.07e-6, /*eta_shm*/ 0.690, /*eta_net*/ 0.944, /*eta_nvls_tree*/ 0.888,
+    /*eta_nvls*/ 1.473, /*step_nvls_s*/ 8.07e-6, /*shm_host_bw*/ 4.105e9, /*eta_net*/ 0.944, /*eta_nvls_tree*/ 0.888,
     /*net_latency_s*/ 0, /*eta_efa*/ 1.0};
 
 struct ParamRef { const char* name; double NcclParams::*field; };
@@ -64,7 +64,7 @@ constexpr ParamRef kParamRefs[] = {
     {"t0_s", &NcclParams::t0_s}, {"eta_simple", &NcclParams::eta_simple}, {"eta_ll128", &NcclParams::eta_ll128},
     {"eta_ll", &NcclParams::eta_ll}, {"step_simple_s", &NcclParams::step_simple_s},
     {"eta_nvls", &NcclParams::eta_nvls}, {"step_nvls_s", &NcclParams::step_nvls_s},
-    {"eta_shm", &NcclParams::eta_shm}, {"eta_net", &NcclParams::eta_net},
+    {"shm_host_bw", &NcclParams::shm_host_bw}, {"eta_net", &NcclParams::eta_net},
     {"eta_nvls_tree", &NcclParams::eta_nvls_tree}, {"net_latency_s", &NcclParams::net_latency_s},
     {"eta_efa", &NcclParams::eta_efa}};
 
@@ -77,6 +77,9 @@ int log2i(double x) { return x >= 1 ? static_cast<int>(std::floor(std::log2(x)))
 struct Graph {
   int P = 1, N = 1, L = 1, arch = 0, cc = 0;
   bool nvlink = true, shm = false, nvswitch = false, ll128 = true;
+  // Some GPU of the ring both writes its outgoing hop into host memory and reads its incoming hop out of it
+  // (shm_host_cap): every GPU of a no-P2P pair does.
+  bool shm_both = false;
   // EFA: aws-ofi-nccl sets NCCL_PROTO=simple when it loads, unless the platform is known to order LL/LL128's
   // flag and data writes (src/platform-aws.c, force_proto_simple: p3dn, p4d, p4de and any unlisted instance).
   bool simple_only = false;
@@ -141,6 +144,12 @@ Graph graph_of(const Topology& t, const Layout& lay, int nccl_version) {
     }
     g.intra = slowest;
     if (g.shm) g.intra = std::min(g.intra, shm_ring_bw(t, ring, nccl_version));
+    for (size_t i = 0; g.shm && i < ring.size(); ++i) {
+      const size_t n = ring.size();
+      const int prev = ring[(i + n - 1) % n], x = ring[i], next = ring[(i + 1) % n];
+      if (prev != x && x != next && !nccl_hop(t, prev, x, nccl_version).p2p && !nccl_hop(t, x, next, nccl_version).p2p)
+        g.shm_both = true;
+    }
     if (g.nvlink) {
       for (int a : node0) {
         double sum = 0, sw = 0;
@@ -274,13 +283,33 @@ struct Timed {
   bool net_bound = false;
 };
 
+// NCCL's SHM transport (src/transport/shm.cc, its default direct mode: NCCL_SHM_USE_CUDA_MEMCPY=0, the FIFO in
+// the receiver's NUMA node) has the sender's SMs store each step into a FIFO in host memory and the receiver's
+// SMs load it back. Every byte crosses the sender's PCIe path upwards and the receiver's downwards, which
+// shm_ring_bw charges in NCCL's units as NCCL does. What changes the rate beyond that is whether one GPU does
+// both at once: writes its outgoing hop into host memory while reading its incoming hop out of it, as every GPU
+// of a no-P2P pair does. Then each of its reads (non-posted) waits behind its own stream of posted writes, which
+// PCIe forbids it to pass, and the rate is the host's, not a share of the link: the published no-P2P pairs,
+// PCIe gen 3 behind one switch and gen 4 on their own root ports, both reach about 4 GB/s; on one gen-3 pair with
+// one channel NCCL's maintainers saw all_reduce at 3.9 GB/s where broadcast, whose bytes flow one way, reached
+// 10.3 ("some CPUs do not handle bidirectional traffic well", NVIDIA/nccl#384). A ring whose host-staged hops
+// leave every GPU one way only (P2P pairs behind switches joined through the CPU) keeps its PCIe share. So where
+// some GPU stages both ways, the ring's bus bandwidth is the lesser of its share and shm_host_bw, a rate per GPU
+// (each GPU's reads wait on its own writes); LL's 16-byte lines carry 8 bytes of data, so it moves half of that.
+// Two GPUs within one socket are all the data has: how the rate goes with more GPUs per host (the intervals widen
+// for ranks per node outside the evidence) or across sockets (they do not: no path kind says which sockets it
+// crosses yet) it cannot say.
+double shm_host_cap(int p, const NcclParams& prm) {
+  return prm.shm_host_bw * (p == kLL ? 0.5 : p == kLL128 ? 120.0 / 128 : 1.0);
+}
+
 // The execution model: NCCL's latency, its bandwidth times the calibrated efficiency of the protocol and the
 // transport, the network at eta_net of the NICs' rate, and a per-step cost for the pipeline steps.
 Timed execute(const Graph& g, algo::Coll coll, int a, int p, const Entry& e, double S, const NcclParams& prm) {
   const double bf = busbw_factor(coll, g.P);
   const double eta_p = p == kSimple ? prm.eta_simple : p == kLL128 ? prm.eta_ll128 : prm.eta_ll;
   double bw = e.algbw * eta_p * (a == kTree ? tree_correction(p, S) : 1.0);
-  if (g.shm) bw *= prm.eta_shm;
+  if (g.shm_both) bw = std::min(bw, shm_host_cap(p, prm) / bf);
   if (a == kNvls || a == kNvlsTree) bw = prm.eta_nvls * g.intra / bf * (a == kNvlsTree ? prm.eta_nvls_tree : 1.0);
   Timed r;
   double net_cap = 0;
@@ -448,7 +477,7 @@ std::vector<Candidate> nccl_candidates(const Topology& t, const Layout& lay, alg
     } else {
       const double eta = prm.eta_net * (g.net_transport == "efa" ? prm.eta_efa : 1.0);
       double bw = (g.N > 1 ? std::min(g.intra, g.net * eta) : g.intra) * prm.eta_simple;
-      if (g.shm) bw *= prm.eta_shm;
+      if (g.shm_both) bw = std::min(bw, shm_host_cap(kSimple, prm));
       c.usable = c.nccl_auto = true;
       c.steps = lay.nranks() - 1;
       c.bytes = nbytes * (lay.nranks() - 1) / lay.nranks();
@@ -501,7 +530,7 @@ std::string nccl_confidence(const Topology& t, const Layout& lay) {
     why = "one published NVLink-bridge pair (2x A100 PCIe NV12)";
   } else if (g.shm) {
     status = g.L == 2 ? "calibrated" : "extrapolated";
-    why = "one published pair (2x RTX 2080 Ti, PCIe gen 3, no P2P)";
+    why = "two published pairs (2x RTX 2080 Ti PCIe gen 3, 2x A40 gen 4), no P2P";
   } else {
     why = "no published PCIe P2P point";
   }

@@ -30,7 +30,7 @@ struct NcclParams {
   double step_simple_s;  // per pipeline step and channel, Simple protocol (flag handshake not hidden)
   double eta_nvls;       // NVLS bus bandwidth / the GPU's NVLink bandwidth in NCCL's units
   double step_nvls_s;    // per NVLS pipeline step
-  double eta_shm;        // host-staged (SHM) hop / NCCL's path bandwidth
+  double shm_host_bw;    // bytes/s: what the host lets each GPU stage through it (SHM), written and read at once
   double eta_net;        // achieved / NIC line rate
   double eta_nvls_tree;  // NVLS-tree's intra-node part / single-node NVLS
   double net_latency_s;  // added per inter-node step (NCCL's own table is in the latency already)

@@ -30,9 +30,6 @@ TARGET_MEDIAN, TARGET_WORST = 0.15, 0.40
 KNOWN_MISSES = {
     "aws-p4d-efa-2node": "EFA: NCCL runs Simple only (aws-ofi-nccl), which the model follows; the bandwidth it "
                          "reaches (0.65 of line rate at 1 GiB, less at 16-256 MiB) nothing models",
-    "llm-insights-a40-shm-pair": "host-staged (SHM) pair on its own root ports, PCIe gen 4: 3.6-4.0 GB/s, as the "
-                                 "gen-3 pair behind one switch (autodl, 4.0); the model prices SHM hops by their "
-                                 "share of the PCIe path (16 GB/s here), which 4 GB/s on both does not bear out",
 }
 
 
@@ -285,14 +282,44 @@ def test_topo_cli_shows_confidence(capsys):
 
 def test_shm_hops_share_their_switch_uplink():
     # Host-staged (SHM) hops climb to host memory and back: two GPUs behind one switch (PIX) share its uplink,
-    # two on their own root ports (PHB) do not. Same boards, same PCIe generation: half the bandwidth.
+    # two on their own root ports (PHB) do not. Same boards, same PCIe generation: half the bandwidth, once the
+    # host's own rate (test_shm_pair_runs_at_the_hosts_rate) is out of the way.
+    no_host_limit = json.dumps({"nccl_model": {"shm_host_bw": 1e12}})
+
     def big(t):
         t.set_gpu_model("NVIDIA GeForce RTX 2080 Ti")
-        return nccl_pick(t, 1 << 30)
+        return nccl_pick(t, 1 << 30, tuning=no_host_limit)
 
     pix, phb = big(load("autodl_2080ti_2x_nvsmi.txt")), big(load("pcie_2x_nvsmi.txt"))
     assert pix["link_class"] == phb["link_class"] == "SHM"
     assert pix["busbw"] == pytest.approx(phb["busbw"] / 2, rel=0.02)
+
+
+def test_shm_pair_runs_at_the_hosts_rate():
+    # Each GPU of a no-P2P pair writes its outgoing hop into host memory while reading its incoming one out of it:
+    # the host's rate per GPU (shm_host_bw) bounds it, whatever the PCIe path - gen 3 behind one switch, gen 3 on
+    # its own root ports, gen 4 (the published pairs: 4.0 and 3.6-4.0 GB/s). A ring whose host-staged hops leave
+    # every GPU one way only (NVLink pairs joined across NODE) is not bound by it.
+    host = dict(_C.topo_nccl_params(""))["shm_host_bw"] / 1e9
+
+    def busbw(fixture, model, ranks=2):
+        t = load(fixture)
+        t.set_gpu_model(model)
+        c = nccl_pick(t, 1 << 30, nranks_per_node=ranks)
+        assert c["link_class"] in ("SHM", "NVL"), c
+        return c["busbw"] / 1e9
+
+    pix = busbw("autodl_2080ti_2x_nvsmi.txt", "NVIDIA GeForce RTX 2080 Ti")
+    phb = busbw("pcie_2x_nvsmi.txt", "NVIDIA GeForce RTX 2080 Ti")
+    gen4 = busbw("pcie_2x_nvsmi.txt", "RTX 4090")
+    assert pix == pytest.approx(phb, rel=0.02) == pytest.approx(gen4, rel=0.02)
+    assert 0.9 * host < pix < host
+    one_way = busbw("a40_8x_nvsmi.txt", "A40", 4)  # GPUs 0-3: NV4 pairs; 1->2 and 3->0 through host memory
+    assert one_way > 2 * host
+    ll = [c for c in T.candidates(load("autodl_2080ti_2x_nvsmi.txt"), "all_reduce", 1 << 30, custom=False,
+                                  host=False) if c["backend"] == "nccl" and c["algorithm"] == "ring"]
+    by = {c["protocol"]: c["busbw"] for c in ll if c["usable"]}
+    assert by["LL"] <= by["Simple"] / 2 * 1.01  # LL's lines carry half data
 
 
 def test_efa_runs_simple_only_and_is_its_own_kind():
